@@ -1,0 +1,38 @@
+# netwarden: `make demo` runs the main job on this machine, `make test` runs every test.
+# Both install what they need (Debian packages via hack/deps.sh) and must run as root.
+
+GO        ?= go
+BIN       := bin
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X github.com/netwarden/netwarden/internal/cli.Version=$(VERSION)
+TEST_TIMEOUT ?= 25m
+
+.PHONY: all deps build test unit demo bench clean fmt vet
+
+all: build
+
+deps:
+	@hack/deps.sh
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/netwarden ./cmd/netwarden
+	$(GO) build -o $(BIN)/netwarden-demo ./cmd/netwarden-demo
+
+# Kernel tests find the agent binary through NETWARDEN_BIN.
+test: deps build vet
+	NETWARDEN_BIN=$(CURDIR)/$(BIN)/netwarden $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+vet:
+	$(GO) vet ./...
+
+demo: deps build
+	$(BIN)/netwarden-demo --agent $(CURDIR)/$(BIN)/netwarden --examples $(CURDIR)/examples
+
+bench: deps build
+	NETWARDEN_BIN=$(CURDIR)/$(BIN)/netwarden $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./internal/... ./test/...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf $(BIN)

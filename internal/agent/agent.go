@@ -1,0 +1,252 @@
+// Package agent runs the node agent's sync loop: cluster state in, one kernel transaction out,
+// level-triggered, so the order in which events arrive never matters.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+// Config configures an Agent.
+type Config struct {
+	NodeName string
+	Source   cluster.Source
+	// Policy is the NetworkPolicy backend; nil disables NetworkPolicy enforcement.
+	Policy dataplane.PolicyBackend
+	// ResyncPeriod is how often the kernel is checked for drift and repaired.
+	ResyncPeriod time.Duration
+	// MinSyncInterval coalesces bursts of events into one transaction.
+	MinSyncInterval time.Duration
+	HealthAddr      string
+	Logger          *slog.Logger
+}
+
+// Agent keeps the kernel in step with the cluster.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	ready   atomic.Bool
+	trigger chan struct{}
+	// lastEvent is when the oldest unprocessed change was seen, for programming latency.
+	lastEvent atomic.Int64
+}
+
+// New returns an Agent; call Run or Once.
+func New(cfg Config) *Agent {
+	if cfg.ResyncPeriod <= 0 {
+		cfg.ResyncPeriod = 30 * time.Second
+	}
+	if cfg.MinSyncInterval <= 0 {
+		cfg.MinSyncInterval = 10 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Agent{cfg: cfg, log: cfg.Logger, trigger: make(chan struct{}, 1)}
+}
+
+func (a *Agent) notify() {
+	a.lastEvent.CompareAndSwap(0, time.Now().UnixNano())
+	select {
+	case a.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Ready reports whether the first sync succeeded.
+func (a *Agent) Ready() bool { return a.ready.Load() }
+
+func (a *Agent) startSource(ctx context.Context) <-chan error {
+	errc := make(chan error, 1)
+	go func() { errc <- a.cfg.Source.Run(ctx, a.notify) }()
+	return errc
+}
+
+func (a *Agent) waitSynced(ctx context.Context, srcErr <-chan error) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for !a.cfg.Source.HasSynced() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-srcErr:
+			if err == nil {
+				err = errors.New("source stopped before its initial sync")
+			}
+			return fmt.Errorf("cluster state source: %w", err)
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// compile computes the desired ruleset from the source's current snapshot.
+func (a *Agent) compile() (*policy.Ruleset, policy.Stats) {
+	return policy.Compile(a.cfg.Source.Snapshot(), a.cfg.NodeName)
+}
+
+// Once waits for the source, replaces the kernel state once, and verifies the kernel holds it.
+func (a *Agent) Once(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srcErr := a.startSource(ctx)
+	if err := a.waitSynced(ctx, srcErr); err != nil {
+		return err
+	}
+	if a.cfg.Policy == nil {
+		return nil
+	}
+	rs, stats := a.compile()
+	res, err := a.cfg.Policy.FullSync(ctx, rs)
+	if err != nil {
+		return err
+	}
+	a.log.Info("synced", "backend", a.cfg.Policy.Name(), "full", res.Full, "operations", res.Operations,
+		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting)
+	if err := a.cfg.Policy.Verify(ctx); err != nil {
+		return fmt.Errorf("kernel does not hold the desired state after sync: %w", err)
+	}
+	return nil
+}
+
+// Run syncs until ctx is cancelled. On return the kernel keeps the last applied rules, so an
+// agent restart or upgrade neither opens nor breaks traffic.
+func (a *Agent) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if a.cfg.HealthAddr != "" {
+		if err := a.serveHealth(ctx); err != nil {
+			return err
+		}
+	}
+	srcErr := a.startSource(ctx)
+	if err := a.waitSynced(ctx, srcErr); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	a.log.Info("cluster state synced", "node", a.cfg.NodeName)
+
+	if a.cfg.Policy == nil {
+		a.ready.Store(true)
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-srcErr:
+			return err
+		}
+	}
+
+	resync := time.NewTicker(a.cfg.ResyncPeriod)
+	defer resync.Stop()
+	retry := time.NewTimer(0)
+	<-retry.C
+	backoff := time.Duration(0)
+
+	// The first sync replaces the table whole: it converges from whatever an earlier agent
+	// left in the kernel in one atomic step.
+	full := true
+	pending := true
+	for {
+		if pending {
+			pending = false
+			if err := a.syncOnce(ctx, full); err != nil {
+				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
+				a.log.Error("sync failed; the kernel keeps the last applied rules", "err", err, "retryIn", backoff)
+				retry.Reset(backoff)
+			} else {
+				full, backoff = false, 0
+				if !a.ready.Swap(true) {
+					a.log.Info("ready")
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			a.log.Info("stopping; rules stay in place")
+			return nil
+		case err := <-srcErr:
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("cluster state source: %w", err)
+		case <-a.trigger:
+			// Coalesce a burst of events into one transaction.
+			time.Sleep(a.cfg.MinSyncInterval)
+			pending = true
+		case <-retry.C:
+			pending = true
+		case <-resync.C:
+			if err := a.cfg.Policy.Verify(ctx); err != nil {
+				a.log.Warn("repairing kernel state", "reason", err)
+				full, pending = true, true
+			}
+		}
+	}
+}
+
+func (a *Agent) syncOnce(ctx context.Context, full bool) error {
+	seen := a.lastEvent.Swap(0)
+	start := time.Now()
+	rs, stats := a.compile()
+	compiled := time.Now()
+	var res dataplane.SyncResult
+	var err error
+	if full {
+		res, err = a.cfg.Policy.FullSync(ctx, rs)
+	} else {
+		res, err = a.cfg.Policy.Sync(ctx, rs)
+	}
+	if err != nil {
+		a.lastEvent.CompareAndSwap(0, seen)
+		return err
+	}
+	attrs := []any{"backend", a.cfg.Policy.Name(), "full", res.Full, "operations", res.Operations,
+		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", time.Since(compiled).Round(time.Microsecond),
+		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting}
+	if seen != 0 {
+		attrs = append(attrs, "sinceEvent", time.Since(time.Unix(0, seen)).Round(time.Microsecond))
+	}
+	if res.Operations > 0 || res.Full {
+		a.log.Info("synced", attrs...)
+	} else {
+		a.log.Debug("no change", attrs...)
+	}
+	return nil
+}
+
+func (a *Agent) serveHealth(ctx context.Context) error {
+	ln, err := net.Listen("tcp", a.cfg.HealthAddr)
+	if err != nil {
+		return fmt.Errorf("--health-addr %s: %w", a.cfg.HealthAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !a.ready.Load() {
+			http.Error(w, "not ready: first sync has not completed", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	return nil
+}

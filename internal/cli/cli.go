@@ -1,0 +1,273 @@
+// Package cli wires flags to the agent, render, cleanup and version commands.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/nftables"
+	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/source/kubeapi"
+	"github.com/netwarden/netwarden/internal/source/manifests"
+)
+
+// Version is set at build time with -ldflags "-X github.com/netwarden/netwarden/internal/cli.Version=...".
+var Version = "dev"
+
+// stateFlags select where cluster state comes from and which node it is compiled for.
+type stateFlags struct {
+	nodeName      string
+	kubeconfig    string
+	manifests     string
+	backend       string
+	networkPolicy bool
+	logLevel      string
+}
+
+func (f *stateFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (default $NODE_NAME, then the hostname)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for the Kubernetes API; in-cluster config when empty and KUBERNETES_SERVICE_HOST is set")
+	fs.StringVar(&f.manifests, "manifests", "", "read cluster state from the manifests in this directory instead of the API")
+	fs.StringVar(&f.backend, "backend", "auto", "kernel backend: auto, nftables or iptables")
+	fs.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicy")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log verbosity: debug, info, warn or error")
+}
+
+func (f *stateFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), nil
+}
+
+func (f *stateFlags) resolveNodeName() (string, error) {
+	if f.nodeName != "" {
+		return f.nodeName, nil
+	}
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n, nil
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("--node-name not set, $NODE_NAME empty, and hostname unavailable: %w", err)
+	}
+	return strings.ToLower(h), nil
+}
+
+func (f *stateFlags) source(log *slog.Logger) (cluster.Source, error) {
+	if f.manifests != "" && f.kubeconfig != "" {
+		return nil, errors.New("--manifests and --kubeconfig are mutually exclusive")
+	}
+	if f.manifests != "" {
+		st, err := os.Stat(f.manifests)
+		if err != nil {
+			return nil, fmt.Errorf("--manifests: %w", err)
+		}
+		if !st.IsDir() {
+			return nil, fmt.Errorf("--manifests %s: not a directory", f.manifests)
+		}
+		return manifests.New(f.manifests, log), nil
+	}
+	var cfg *rest.Config
+	var err error
+	switch {
+	case f.kubeconfig != "":
+		cfg, err = clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig %s: %w", f.kubeconfig, err)
+		}
+	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
+		cfg, err = rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster config: %w", err)
+		}
+	default:
+		return nil, errors.New("no cluster state: pass --manifests DIR or --kubeconfig PATH (or run in a cluster)")
+	}
+	cfg.UserAgent = "netwarden/" + Version
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return kubeapi.New(client, log), nil
+}
+
+// policyBackend picks the NetworkPolicy backend.
+func (f *stateFlags) policyBackend() (dataplane.PolicyBackend, error) {
+	switch f.backend {
+	case "auto", "nftables":
+		b, err := nftables.New()
+		if err != nil {
+			return nil, fmt.Errorf("--backend %s: nftables unusable: %w", f.backend, err)
+		}
+		return b, nil
+	case "iptables":
+		return nil, errors.New("--backend iptables: the iptables backend is not available in this build; use nftables")
+	}
+	return nil, fmt.Errorf("--backend %q: want auto, nftables or iptables", f.backend)
+}
+
+// Main runs the command line and returns the process exit code.
+func Main(args []string) int {
+	root := &cobra.Command{
+		Use:           "netwarden",
+		Short:         "Node network agent: NetworkPolicy enforced in the kernel",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(agentCmd(), renderCmd(), cleanupCmd(), versionCmd())
+	root.SetArgs(args)
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "netwarden:", err)
+		return 1
+	}
+	return 0
+}
+
+func agentCmd() *cobra.Command {
+	var f stateFlags
+	var once bool
+	var healthAddr string
+	var resync time.Duration
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Watch the cluster and keep this node's kernel enforcing it",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := f.logger(os.Stderr)
+			if err != nil {
+				return err
+			}
+			node, err := f.resolveNodeName()
+			if err != nil {
+				return err
+			}
+			src, err := f.source(log)
+			if err != nil {
+				return err
+			}
+			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, HealthAddr: healthAddr, Logger: log}
+			if f.networkPolicy {
+				if cfg.Policy, err = f.policyBackend(); err != nil {
+					return err
+				}
+				log.Info("backend selected", "backend", cfg.Policy.Name(), "requested", f.backend)
+			} else if b, err := nftables.New(); err == nil {
+				// Turning the feature off must not leave old rules enforcing.
+				if err := b.Cleanup(cmd.Context()); err != nil {
+					return err
+				}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			a := agent.New(cfg)
+			if once {
+				return a.Once(ctx)
+			}
+			return a.Run(ctx)
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().BoolVar(&once, "once", false, "sync once; exit 0 when the kernel holds the desired state, non-zero otherwise")
+	cmd.Flags().StringVar(&healthAddr, "health-addr", "127.0.0.1:9491", "serve /healthz and /readyz on HOST:PORT (empty disables)")
+	cmd.Flags().DurationVar(&resync, "resync-period", 30*time.Second, "how often to check the kernel for drift and repair it")
+	return cmd
+}
+
+func renderCmd() *cobra.Command {
+	var f stateFlags
+	cmd := &cobra.Command{
+		Use:   "render",
+		Short: "Print the complete ruleset the agent would apply; touch nothing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := f.logger(os.Stderr)
+			if err != nil {
+				return err
+			}
+			node, err := f.resolveNodeName()
+			if err != nil {
+				return err
+			}
+			var st *cluster.State
+			if f.manifests != "" && f.kubeconfig == "" {
+				var errs []error
+				st, errs = manifests.Load(f.manifests, log)
+				if len(errs) > 0 {
+					return fmt.Errorf("%d problem(s) in %s:\n  %w", len(errs), f.manifests, errors.Join(errs...))
+				}
+			} else {
+				src, err := f.source(log)
+				if err != nil {
+					return err
+				}
+				ctx, cancel := context.WithTimeout(cmd.Context(), 60*time.Second)
+				defer cancel()
+				go func() { _ = src.Run(ctx, func() {}) }()
+				for !src.HasSynced() {
+					select {
+					case <-ctx.Done():
+						return fmt.Errorf("waiting for cluster state: %w", ctx.Err())
+					case <-time.After(20 * time.Millisecond):
+					}
+				}
+				st = src.Snapshot()
+			}
+			if !f.networkPolicy {
+				return nil
+			}
+			switch f.backend {
+			case "auto", "nftables":
+			default:
+				return fmt.Errorf("--backend %q: render supports auto and nftables", f.backend)
+			}
+			rs, _ := policy.Compile(st, node)
+			fmt.Fprint(cmd.OutOrStdout(), nftables.NewWithInterface(nil).Render(rs))
+			return nil
+		},
+	}
+	f.register(cmd)
+	return cmd
+}
+
+func cleanupCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove everything netwarden installed",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			b, err := nftables.New()
+			if err != nil {
+				return fmt.Errorf("nftables: %w", err)
+			}
+			return b.Cleanup(cmd.Context())
+		},
+	}
+}
+
+func versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "netwarden", Version) },
+	}
+}

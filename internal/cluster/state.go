@@ -1,0 +1,47 @@
+// Package cluster holds the agent's view of cluster state: the Kubernetes objects that NetworkPolicy
+// enforcement depends on, the defaulting and validation applied to them, and the Source interface that
+// the API and manifest readers implement.
+package cluster
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// State is an immutable snapshot of the objects the agent uses. Maps are keyed by name for
+// cluster-scoped objects and by "namespace/name" for namespaced ones. Consumers must not mutate
+// the objects; sources hand out shared pointers to keep snapshots cheap at thousands of pods.
+type State struct {
+	Namespaces map[string]*corev1.Namespace
+	Pods       map[string]*corev1.Pod
+	Policies   map[string]*networkingv1.NetworkPolicy
+	Nodes      map[string]*corev1.Node
+}
+
+// NewState returns an empty state with all maps allocated.
+func NewState() *State {
+	return &State{
+		Namespaces: map[string]*corev1.Namespace{},
+		Pods:       map[string]*corev1.Pod{},
+		Policies:   map[string]*networkingv1.NetworkPolicy{},
+		Nodes:      map[string]*corev1.Node{},
+	}
+}
+
+// Key returns the map key used for a namespaced object.
+func Key(namespace, name string) string { return namespace + "/" + name }
+
+// Source delivers cluster state. Implementations: the Kubernetes API (shared informers) and a
+// directory of manifests.
+type Source interface {
+	// Run starts watching and blocks until ctx is done or the source fails irrecoverably.
+	// notify is called (it must not block) after every change to the state.
+	Run(ctx context.Context, notify func()) error
+	// HasSynced reports whether the initial state is complete. Before that, the agent must not
+	// program the kernel: a partial view would open or break traffic.
+	HasSynced() bool
+	// Snapshot returns the current state. The result is never mutated afterwards.
+	Snapshot() *State
+}

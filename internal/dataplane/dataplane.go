@@ -1,0 +1,32 @@
+// Package dataplane defines what the agent needs from a kernel backend, so the sync loop does
+// not depend on nftables or iptables.
+package dataplane
+
+import (
+	"context"
+
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+// SyncResult describes one kernel transaction.
+type SyncResult struct {
+	Full       bool // the whole ruleset was replaced
+	Operations int  // commands in the transaction; 0 means the kernel already matched
+}
+
+// PolicyBackend programs a policy.Ruleset into the kernel.
+type PolicyBackend interface {
+	// Name is the backend's name as the --backend flag spells it.
+	Name() string
+	// Sync makes the kernel hold rs in one transaction, sending only the difference from
+	// the last successful sync when it can.
+	Sync(ctx context.Context, rs *policy.Ruleset) (SyncResult, error)
+	// FullSync replaces everything the backend owns with rs in one transaction.
+	FullSync(ctx context.Context, rs *policy.Ruleset) (SyncResult, error)
+	// Verify reports an error when the kernel no longer holds what was last applied.
+	Verify(ctx context.Context) error
+	// Cleanup removes everything the backend installed.
+	Cleanup(ctx context.Context) error
+	// Render returns the complete ruleset for rs as the backend would apply it, touching nothing.
+	Render(rs *policy.Ruleset) string
+}

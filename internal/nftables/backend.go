@@ -1,0 +1,395 @@
+package nftables
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"sort"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+// Backend owns table inet netwarden.
+type Backend struct {
+	nft knftables.Interface
+	// applied is what the kernel held after our last successful transaction; nil forces the
+	// next sync to replace the whole table.
+	applied *Rendered
+	// verifiedHash is a digest of the table as listed at the last drift check; syncedSince
+	// records whether we changed the table after that listing.
+	verifiedHash string
+	syncedSince  bool
+}
+
+// New connects to nftables in the current network namespace. It fails when nft is missing,
+// older than 1.0.1, or not permitted.
+func New() (*Backend, error) {
+	nft, err := knftables.New(knftables.InetFamily, TableName)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{nft: nft}, nil
+}
+
+// NewWithInterface wraps an existing knftables.Interface, such as knftables.NewFake for unit
+// tests of rendering.
+func NewWithInterface(nft knftables.Interface) *Backend { return &Backend{nft: nft} }
+
+// Name implements dataplane.PolicyBackend.
+func (b *Backend) Name() string { return "nftables" }
+
+// Render implements dataplane.PolicyBackend.
+func (b *Backend) Render(rs *policy.Ruleset) string { return Dump(Render(rs)) }
+
+// Sync implements dataplane.PolicyBackend.
+func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
+	return b.SyncRendered(ctx, Render(rs))
+}
+
+// FullSync implements dataplane.PolicyBackend.
+func (b *Backend) FullSync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
+	return b.FullSyncRendered(ctx, Render(rs))
+}
+
+// SyncRendered makes the kernel hold want, in one transaction. After a successful first sync it sends
+// only the difference; if a diff fails (for example because someone deleted the table) it falls
+// back to a full replace in a new transaction.
+func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
+	if b.applied != nil {
+		tx := b.nft.NewTransaction()
+		diff(tx, b.applied, want)
+		if tx.NumOperations() == 0 {
+			return dataplane.SyncResult{}, nil
+		}
+		if err := b.nft.Run(ctx, tx); err == nil {
+			b.applied = want
+			b.syncedSince = true
+			return dataplane.SyncResult{Operations: tx.NumOperations()}, nil
+		}
+		// The kernel no longer holds what we think; fall through to a full replace.
+	}
+	return b.FullSyncRendered(ctx, want)
+}
+
+// FullSyncRendered atomically replaces the whole table with want. Established connections survive
+// because conntrack state does not live in the table.
+func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
+	tx := b.nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	tx.Delete(&knftables.Table{})
+	WriteFull(tx, want)
+	if err := b.nft.Run(ctx, tx); err != nil {
+		b.applied = nil
+		return dataplane.SyncResult{Full: true}, fmt.Errorf("nftables full sync: %w", err)
+	}
+	b.applied = want
+	b.syncedSince = true
+	return dataplane.SyncResult{Full: true, Operations: tx.NumOperations()}, nil
+}
+
+// WriteFull adds every object of r to tx, assuming an empty table.
+func WriteFull(tx *knftables.Transaction, r *Rendered) {
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo("netwarden NetworkPolicy; managed, do not edit")})
+	for _, name := range sortedKeys(r.Sets) {
+		addSetObject(tx, name, r.Sets[name])
+	}
+	for _, name := range sortedKeys(r.Chains) {
+		addChainObject(tx, name, r.Chains[name])
+	}
+	for _, name := range sortedKeys(r.Chains) {
+		for _, rule := range r.Chains[name].rules {
+			tx.Add(&knftables.Rule{Chain: name, Rule: rule})
+		}
+	}
+	// Elements last: verdict map elements reference chains.
+	for _, name := range sortedKeys(r.Sets) {
+		s := r.Sets[name]
+		for _, k := range sortedKeys(s.elements) {
+			tx.Add(element(name, s, k, s.elements[k]))
+		}
+	}
+}
+
+func addSetObject(tx *knftables.Transaction, name string, s *set) {
+	var comment *string
+	if s.comment != "" {
+		comment = knftables.PtrTo(s.comment)
+	}
+	if s.isMap {
+		tx.Add(&knftables.Map{Name: name, Type: s.typ, Comment: comment})
+		return
+	}
+	st := &knftables.Set{Name: name, Type: s.typ, Comment: comment}
+	if s.interval {
+		st.Flags = []knftables.SetFlag{knftables.IntervalFlag}
+	}
+	tx.Add(st)
+}
+
+func addChainObject(tx *knftables.Transaction, name string, c *chain) {
+	ch := &knftables.Chain{Name: name}
+	if c.base != nil {
+		cp := *c.base
+		ch = &cp
+	}
+	if c.comment != "" {
+		ch.Comment = knftables.PtrTo(c.comment)
+	}
+	tx.Add(ch)
+}
+
+func element(setName string, s *set, key, value string) *knftables.Element {
+	if s.isMap {
+		return &knftables.Element{Map: setName, Key: []string{key}, Value: []string{value}}
+	}
+	return &knftables.Element{Set: setName, Key: []string{key}}
+}
+
+// diff adds to tx the commands that turn table content old into new. The order respects
+// references: objects are created before anything points at them, and removed only after the
+// rules and map elements pointing at them are gone.
+func diff(tx *knftables.Transaction, old, new *Rendered) {
+	for _, name := range sortedKeys(new.Sets) {
+		if o, ok := old.Sets[name]; !ok || o.typ != new.Sets[name].typ || o.interval != new.Sets[name].interval {
+			if ok {
+				// A set whose type changed (ipBlock family) is recreated under a new
+				// name by the compiler; a same-name type change is not expected.
+				continue
+			}
+			addSetObject(tx, name, new.Sets[name])
+		}
+	}
+	for _, name := range sortedKeys(new.Chains) {
+		if _, ok := old.Chains[name]; !ok {
+			addChainObject(tx, name, new.Chains[name])
+		}
+	}
+	// Plain set elements before rules, so a rewritten rule never sees a half-filled set.
+	for _, name := range sortedKeys(new.Sets) {
+		s := new.Sets[name]
+		if s.isMap {
+			continue
+		}
+		diffElements(tx, name, s, old.Sets[name])
+	}
+	for _, name := range sortedKeys(new.Chains) {
+		c := new.Chains[name]
+		o, ok := old.Chains[name]
+		if ok && equalStrings(o.rules, c.rules) {
+			continue
+		}
+		if ok {
+			tx.Flush(&knftables.Chain{Name: name})
+		}
+		for _, rule := range c.rules {
+			tx.Add(&knftables.Rule{Chain: name, Rule: rule})
+		}
+	}
+	for _, name := range sortedKeys(new.Sets) {
+		if s := new.Sets[name]; s.isMap {
+			diffElements(tx, name, s, old.Sets[name])
+		}
+	}
+	for _, name := range sortedKeys(old.Chains) {
+		if _, ok := new.Chains[name]; !ok {
+			tx.Flush(&knftables.Chain{Name: name})
+		}
+	}
+	for _, name := range sortedKeys(old.Chains) {
+		if _, ok := new.Chains[name]; !ok {
+			tx.Delete(&knftables.Chain{Name: name})
+		}
+	}
+	for _, name := range sortedKeys(old.Sets) {
+		if _, ok := new.Sets[name]; !ok {
+			if old.Sets[name].isMap {
+				tx.Delete(&knftables.Map{Name: name})
+			} else {
+				tx.Delete(&knftables.Set{Name: name})
+			}
+		}
+	}
+}
+
+func diffElements(tx *knftables.Transaction, name string, s, old *set) {
+	if old == nil {
+		for _, k := range sortedKeys(s.elements) {
+			tx.Add(element(name, s, k, s.elements[k]))
+		}
+		return
+	}
+	for _, k := range sortedKeys(old.elements) {
+		if v, ok := s.elements[k]; !ok || v != old.elements[k] {
+			tx.Delete(element(name, s, k, ""))
+		}
+	}
+	for _, k := range sortedKeys(s.elements) {
+		if v, ok := old.elements[k]; !ok || v != s.elements[k] {
+			tx.Add(element(name, s, k, s.elements[k]))
+		}
+	}
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Cleanup removes the table and forgets what was applied.
+func (b *Backend) Cleanup(ctx context.Context) error {
+	tx := b.nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	tx.Delete(&knftables.Table{})
+	b.applied = nil
+	if err := b.nft.Run(ctx, tx); err != nil {
+		return fmt.Errorf("removing table inet %s: %w", TableName, err)
+	}
+	return nil
+}
+
+// Drift describes how the kernel's table differs from what was applied.
+type Drift struct{ Reason string }
+
+func (d *Drift) Error() string { return "nftables table drifted: " + d.Reason }
+
+// Verify compares the kernel's table with what was last applied. It returns a *Drift when the
+// table is missing, has different chains, rule counts or elements, or was edited in place since
+// the previous check without our doing. It lists the table once, statelessly.
+func (b *Backend) Verify(ctx context.Context) error {
+	if b.applied == nil {
+		return &Drift{Reason: "no successful sync yet"}
+	}
+	out, err := exec.CommandContext(ctx, "nft", "-j", "-s", "list", "table", "inet", TableName).Output()
+	if err != nil {
+		msg := err.Error()
+		if ee, ok := err.(*exec.ExitError); ok {
+			msg = strings.TrimSpace(string(ee.Stderr))
+		}
+		return &Drift{Reason: "listing table: " + msg}
+	}
+	got, hash, err := parseListing(out)
+	if err != nil {
+		return fmt.Errorf("parsing nft listing: %w", err)
+	}
+	if reason := compareCounts(b.applied, got); reason != "" {
+		return &Drift{Reason: reason}
+	}
+	if !b.syncedSince && b.verifiedHash != "" && hash != b.verifiedHash {
+		return &Drift{Reason: "table edited in place"}
+	}
+	b.verifiedHash, b.syncedSince = hash, false
+	return nil
+}
+
+// counts is what a listing says about each chain (rules) and set (elements).
+type counts struct {
+	chains map[string]int
+	sets   map[string]int
+}
+
+func compareCounts(want *Rendered, got counts) string {
+	for name, c := range want.Chains {
+		n, ok := got.chains[name]
+		if !ok {
+			return fmt.Sprintf("chain %s missing", name)
+		}
+		if n != len(c.rules) {
+			return fmt.Sprintf("chain %s has %d rules, want %d", name, n, len(c.rules))
+		}
+	}
+	for name, s := range want.Sets {
+		n, ok := got.sets[name]
+		if !ok {
+			return fmt.Sprintf("set %s missing", name)
+		}
+		if n != len(s.elements) {
+			return fmt.Sprintf("set %s has %d elements, want %d", name, n, len(s.elements))
+		}
+	}
+	if len(got.chains) != len(want.Chains) {
+		return fmt.Sprintf("table has %d chains, want %d", len(got.chains), len(want.Chains))
+	}
+	if len(got.sets) != len(want.Sets) {
+		return fmt.Sprintf("table has %d sets and maps, want %d", len(got.sets), len(want.Sets))
+	}
+	return ""
+}
+
+// parseListing counts rules and elements in `nft -j list table` output and digests it in a
+// canonical form: handles dropped and elements sorted, so that hash-set iteration order does
+// not look like an edit.
+func parseListing(out []byte) (counts, string, error) {
+	var doc struct {
+		Nftables []map[string]json.RawMessage `json:"nftables"`
+	}
+	c := counts{chains: map[string]int{}, sets: map[string]int{}}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return c, "", err
+	}
+	var canon []string
+	for _, obj := range doc.Nftables {
+		for kind, raw := range obj {
+			if kind == "metainfo" {
+				continue
+			}
+			var fields map[string]any
+			if err := json.Unmarshal(raw, &fields); err != nil {
+				return c, "", err
+			}
+			delete(fields, "handle")
+			switch kind {
+			case "chain":
+				name, _ := fields["name"].(string)
+				if _, ok := c.chains[name]; !ok {
+					c.chains[name] = 0
+				}
+			case "rule":
+				name, _ := fields["chain"].(string)
+				c.chains[name]++
+			case "set", "map":
+				name, _ := fields["name"].(string)
+				elems, _ := fields["elem"].([]any)
+				c.sets[name] = len(elems)
+				keys := make([]string, len(elems))
+				for i, e := range elems {
+					b, _ := json.Marshal(e)
+					keys[i] = string(b)
+				}
+				sort.Strings(keys)
+				fields["elem"] = keys
+			}
+			b, _ := json.Marshal(fields)
+			canon = append(canon, kind+":"+string(b))
+		}
+	}
+	// Rules keep their listed order within a chain; objects are sorted otherwise.
+	sum := sha256.Sum256([]byte(strings.Join(canon, "\n")))
+	return c, fmt.Sprintf("%x", sum[:]), nil
+}
+
+// Dump renders r as an nft script, as `netwarden render` prints it.
+func Dump(r *Rendered) string {
+	fake := knftables.NewFake(knftables.InetFamily, TableName)
+	tx := fake.NewTransaction()
+	WriteFull(tx, r)
+	if err := fake.Run(context.Background(), tx); err != nil {
+		return "# render error: " + err.Error() + "\n"
+	}
+	var buf bytes.Buffer
+	buf.WriteString(fake.Dump())
+	return buf.String()
+}

@@ -1,0 +1,191 @@
+package nftables
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netns"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+// inFreshNetNS runs fn on a thread switched into a new, empty network namespace, so nft
+// commands (which inherit the thread's namespace) never touch the host's tables.
+func inFreshNetNS(t *testing.T, fn func()) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("kernel test needs root, and CI must run it")
+		}
+		t.Skip("skipping: kernel test needs root")
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Fatalf("nft not installed (make deps installs it): %v", err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	fresh, err := netns.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic("cannot return to the original network namespace: " + err.Error())
+		}
+	}()
+	fn()
+}
+
+func stateWithPods(n int) *cluster.State {
+	st := cluster.NewState()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}}
+	cluster.DefaultNamespace(ns)
+	st.Namespaces["a"] = ns
+	for i := 0; i < n; i++ {
+		ip := "10.0.0." + string(rune('1'+i))
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p" + string(rune('a'+i)), Labels: map[string]string{"app": "web"}},
+			Spec:       corev1.PodSpec{NodeName: "n1"},
+			Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: ip}, {IP: "fd00::" + string(rune('1'+i))}}},
+		}
+		st.Pods[cluster.Key("a", p.Name)] = p
+	}
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}, {IPBlock: &networkingv1.IPBlock{CIDR: "fd00:1::/64", Except: []string{"fd00:1::/80"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: &intstr.IntOrString{IntVal: 80}}, {Port: &intstr.IntOrString{Type: intstr.String, StrVal: "http"}}},
+			}},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{}},
+		},
+	}
+	cluster.DefaultNetworkPolicy(np)
+	st.Policies["a/web"] = np
+	return st
+}
+
+func TestKernelFullIncrementalVerifyCleanup(t *testing.T) {
+	inFreshNetNS(t, func() {
+		ctx := context.Background()
+		b, err := New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, _ := policy.Compile(stateWithPods(2), "n1")
+		res, err := b.FullSync(ctx, rs)
+		if err != nil {
+			t.Fatalf("full sync: %v", err)
+		}
+		if !res.Full || res.Operations == 0 {
+			t.Fatalf("full sync result %+v", res)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatalf("verify after full sync: %v", err)
+		}
+
+		// Unchanged state sends nothing.
+		if res, err := b.Sync(ctx, rs); err != nil || res.Operations != 0 {
+			t.Fatalf("no-op sync: %+v %v", res, err)
+		}
+		// One more pod: a handful of element adds, no chain rewrite.
+		rs3, _ := policy.Compile(stateWithPods(3), "n1")
+		res, err = b.Sync(ctx, rs3)
+		if err != nil || res.Full || res.Operations == 0 || res.Operations > 6 {
+			t.Fatalf("incremental sync: %+v %v", res, err)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatalf("verify after incremental sync: %v", err)
+		}
+		// Back to two pods, then drop the policy entirely: chains and sets are removed.
+		if _, err := b.Sync(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		empty := stateWithPods(2)
+		delete(empty.Policies, "a/web")
+		rsEmpty, _ := policy.Compile(empty, "n1")
+		if _, err := b.Sync(ctx, rsEmpty); err != nil {
+			t.Fatalf("removing policy: %v", err)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatalf("verify after removal: %v", err)
+		}
+		out, _ := exec.Command("nft", "list", "table", "inet", TableName).CombinedOutput()
+		if strings.Contains(string(out), "in/a/web") {
+			t.Fatalf("policy chain left behind:\n%s", out)
+		}
+		if _, err := b.Sync(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatal(err)
+		}
+
+		// Someone else's edits are detected.
+		for _, edit := range []string{
+			"flush chain inet netwarden in/a/web",
+			"delete element inet netwarden dispatch-in-v4 { 10.0.0.1 }",
+			"add rule inet netwarden forward-ingress accept",
+			"delete table inet netwarden",
+		} {
+			if out, err := exec.Command("nft", edit).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v %s", edit, err, out)
+			}
+			if err := b.Verify(ctx); err == nil {
+				t.Fatalf("verify did not notice %q", edit)
+			}
+			if _, err := b.FullSync(ctx, rs); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Verify(ctx); err != nil {
+				t.Fatalf("verify after repair of %q: %v", edit, err)
+			}
+		}
+		// An in-place edit that keeps every count is caught by the digest.
+		if err := b.Verify(ctx); err != nil {
+			t.Fatal(err)
+		}
+		rules, err := exec.Command("nft", "-a", "list", "chain", "inet", TableName, "forward-ingress").CombinedOutput()
+		if err != nil {
+			t.Fatal(err)
+		}
+		handle := ""
+		for _, line := range strings.Split(string(rules), "\n") {
+			if strings.Contains(line, "ip daddr vmap") {
+				handle = line[strings.LastIndex(line, " ")+1:]
+			}
+		}
+		if out, err := exec.Command("nft", "replace", "rule", "inet", TableName, "forward-ingress", "handle", handle, "ip", "daddr", "10.9.9.9", "accept").CombinedOutput(); err != nil {
+			t.Fatalf("replace: %v %s", err, out)
+		}
+		if err := b.Verify(ctx); err == nil {
+			t.Fatal("verify did not notice an in-place rule replacement")
+		}
+
+		if err := b.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("nft", "list", "tables").CombinedOutput(); err != nil || strings.Contains(string(out), TableName) {
+			t.Fatalf("table left after cleanup: %s %v", out, err)
+		}
+		if err := b.Cleanup(ctx); err != nil {
+			t.Fatalf("cleanup must be idempotent: %v", err)
+		}
+	})
+}

@@ -1,0 +1,127 @@
+package policy
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+)
+
+func pod(ns, name, node, ip string, lbl map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: lbl},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{
+			Name:  "c",
+			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+		}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: ip}}},
+	}
+}
+
+func testState() *cluster.State {
+	st := cluster.NewState()
+	for _, ns := range []string{"a", "b"} {
+		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+		cluster.DefaultNamespace(n)
+		st.Namespaces[ns] = n
+	}
+	for _, p := range []*corev1.Pod{
+		pod("a", "web", "n1", "10.0.0.1", map[string]string{"app": "web"}),
+		pod("a", "db", "n1", "10.0.0.2", map[string]string{"app": "db"}),
+		pod("b", "client", "n2", "10.0.1.1", map[string]string{"app": "client"}),
+	} {
+		st.Pods[cluster.Key(p.Namespace, p.Name)] = p
+	}
+	tcp := corev1.ProtocolTCP
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{
+					{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.0.0/16", Except: []string{"192.168.1.0/24"}}},
+				},
+				Ports: []networkingv1.NetworkPolicyPort{
+					{Protocol: &tcp, Port: &intstr.IntOrString{Type: intstr.String, StrVal: "http"}},
+					{Protocol: &tcp, Port: &intstr.IntOrString{IntVal: 80}},
+				},
+			}},
+		},
+	}
+	cluster.DefaultNetworkPolicy(np)
+	st.Policies[cluster.Key(np.Namespace, np.Name)] = np
+	return st
+}
+
+func TestCompileSelectsOnlyLocalTargets(t *testing.T) {
+	rs, stats := Compile(testState(), "n1")
+	if stats.LocalPods != 2 || stats.IsolatedPods != 1 || stats.PoliciesSelecting != 1 {
+		t.Fatalf("stats = %+v", stats)
+	}
+	web := netip.MustParseAddr("10.0.0.1")
+	grp, ok := rs.Dispatch[Ingress][web]
+	if !ok || len(rs.Dispatch[Ingress]) != 1 || len(rs.Dispatch[Egress]) != 0 {
+		t.Fatalf("dispatch = %v", rs.Dispatch)
+	}
+	if got := rs.Groups[grp].Policies; !slices.Equal(got, []string{"in/a/web"}) {
+		t.Fatalf("group policies = %v", got)
+	}
+	rules := rs.Policies["in/a/web"].Rules
+	if len(rules) != 1 || len(rules[0].Peers) != 2 || len(rules[0].Ports) != 2 {
+		t.Fatalf("rules = %+v", rules)
+	}
+	peerSet := rs.AddrSets[rules[0].Peers[0].AddrSet]
+	if !slices.Equal(peerSet, []netip.Addr{netip.MustParseAddr("10.0.1.1")}) {
+		t.Fatalf("peer set = %v (remote pods are peers too)", peerSet)
+	}
+	cidrs := rs.CIDRSets[rules[0].Peers[1].CIDRSet]
+	if len(cidrs) != 8 { // /16 minus a /24 leaves one prefix each of /17 ... /24
+		t.Fatalf("cidr set = %v", cidrs)
+	}
+	named := rs.NamedPortSets[rules[0].Ports[1].NamedPortSet]
+	if len(named) != 3 {
+		t.Fatalf("named port set = %v", named)
+	}
+
+	// The remote node compiles nothing for these pods: its only pod is not selected.
+	rs2, stats2 := Compile(testState(), "n2")
+	if stats2.IsolatedPods != 0 || len(rs2.Policies) != 0 {
+		t.Fatalf("n2: %+v %v", stats2, rs2.Policies)
+	}
+}
+
+func TestIneligiblePodsAreNeitherTargetsNorPeers(t *testing.T) {
+	st := testState()
+	st.Pods["b/client"].Status.Phase = corev1.PodSucceeded
+	st.Pods["a/web"].Spec.HostNetwork = true
+	rs, stats := Compile(st, "n1")
+	if stats.IsolatedPods != 0 || len(rs.AddrSets) != 0 {
+		t.Fatalf("stats=%+v sets=%v", stats, rs.AddrSets)
+	}
+}
+
+func TestSubtractPrefixes(t *testing.T) {
+	got := SubtractPrefixes(netip.MustParsePrefix("10.0.0.0/30"), []netip.Prefix{netip.MustParsePrefix("10.0.0.1/32")})
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/32"), netip.MustParsePrefix("10.0.0.2/31")}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v want %v", got, want)
+	}
+	if got := SubtractPrefixes(netip.MustParsePrefix("fd00::/64"), []netip.Prefix{netip.MustParsePrefix("fd00::/64")}); len(got) != 0 {
+		t.Fatalf("fully excepted: %v", got)
+	}
+}
+
+func TestMergeRanges(t *testing.T) {
+	got := mergeRanges([]PortRange{{90, 100}, {80, 80}, {81, 85}, {95, 120}})
+	want := []PortRange{{80, 85}, {90, 120}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v want %v", got, want)
+	}
+}

@@ -1,0 +1,102 @@
+// Package policy compiles Kubernetes NetworkPolicy semantics for one node into a backend-neutral
+// Ruleset: which local pod IPs are isolated in each direction, which group of policies judges them,
+// and each policy's allow rules expressed over named address sets. Backends (nftables, iptables)
+// render a Ruleset; they never look at Kubernetes objects themselves.
+package policy
+
+import (
+	"net/netip"
+)
+
+// Direction is the side of a connection a policy rule judges.
+type Direction string
+
+const (
+	Ingress Direction = "ingress"
+	Egress  Direction = "egress"
+)
+
+// Protocol is a transport protocol named by a policy port.
+type Protocol string
+
+const (
+	TCP  Protocol = "tcp"
+	UDP  Protocol = "udp"
+	SCTP Protocol = "sctp"
+)
+
+// Ruleset is the complete desired policy state of one node. Every name in it is stable: the same
+// cluster state always compiles to the same names, so backends can diff two Rulesets cheaply.
+type Ruleset struct {
+	// Dispatch maps each isolated local pod IP to the group that judges it, per direction.
+	// A pod IP absent from a direction's map is not isolated in that direction.
+	Dispatch map[Direction]map[netip.Addr]string
+	// Groups lists, for each group name, the policies (by chain name) that select its pods.
+	// Pods selected by the same set of policies share one group, so the per-packet work is the
+	// rules of exactly those policies.
+	Groups map[string]Group
+	// Policies holds the allow rules of each policy that selects at least one local pod.
+	Policies map[string]PolicyRules
+	// AddrSets holds the IPs of pods matched by a peer selector, shared by identical selectors.
+	AddrSets map[string][]netip.Addr
+	// CIDRSets holds ipBlock peers as disjoint prefixes (cidr minus except).
+	CIDRSets map[string][]netip.Prefix
+	// NamedPortSets holds, for a (port name, protocol), every destination pod IP and the port
+	// number that name resolves to on that pod.
+	NamedPortSets map[string][]netip.AddrPort
+}
+
+// Group is a set of policies that jointly judge one direction for some pods.
+type Group struct {
+	Direction Direction
+	Policies  []string // chain names of PolicyRules, sorted
+}
+
+// PolicyRules are one policy's rules for one direction. A packet is allowed by the policy when
+// any rule matches.
+type PolicyRules struct {
+	Direction Direction
+	Source    string // "namespace/name" of the NetworkPolicy, for comments and logs
+	Rules     []Rule
+}
+
+// Rule matches when any of its peers and any of its ports match. An empty Peers list means any
+// peer; an empty Ports list means any port and protocol.
+type Rule struct {
+	Peers []Peer
+	Ports []PortMatch
+}
+
+// Peer is the remote side of a connection: the source for ingress, the destination for egress.
+type Peer struct {
+	// Exactly one is set.
+	AddrSet string // pods selected by namespaceSelector/podSelector (name in AddrSets)
+	CIDRSet string // ipBlock (name in CIDRSets)
+	// IPv6 tells the family of a CIDRSet; address sets hold both families.
+	IPv6 bool
+}
+
+// PortMatch matches the destination port of a protocol.
+type PortMatch struct {
+	Protocol Protocol
+	// Ranges lists destination port ranges; empty with NamedPortSet unset means every port.
+	Ranges []PortRange
+	// NamedPortSet, when set, names a NamedPortSets entry to match destination IP and port
+	// together, because a named port may resolve to different numbers on different pods.
+	NamedPortSet string
+}
+
+// PortRange is an inclusive range of ports; First == Last for a single port.
+type PortRange struct{ First, Last uint16 }
+
+// NewRuleset returns an empty Ruleset, which isolates nothing.
+func NewRuleset() *Ruleset {
+	return &Ruleset{
+		Dispatch:      map[Direction]map[netip.Addr]string{Ingress: {}, Egress: {}},
+		Groups:        map[string]Group{},
+		Policies:      map[string]PolicyRules{},
+		AddrSets:      map[string][]netip.Addr{},
+		CIDRSets:      map[string][]netip.Prefix{},
+		NamedPortSets: map[string][]netip.AddrPort{},
+	}
+}

@@ -1,0 +1,171 @@
+package kubeapi
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+)
+
+// unreachable returns a client for an address where nothing listens. The tests below fill the
+// informer caches directly; behaviour against an API server is tested elsewhere.
+func unreachable(t *testing.T) kubernetes.Interface {
+	t.Helper()
+	c, err := kubernetes.NewForConfig(&rest.Config{Host: "http://127.0.0.1:1", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func add(t *testing.T, s *Source, resource string, obj any) any {
+	t.Helper()
+	obj, err := Transform(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ni := range s.informers {
+		if ni.resource == resource {
+			if err := ni.informer.GetIndexer().Update(obj); err != nil {
+				t.Fatal(err)
+			}
+			return obj
+		}
+	}
+	t.Fatalf("no informer for %s", resource)
+	return nil
+}
+
+func TestSnapshot(t *testing.T) {
+	var logs syncBuffer
+	s := New(unreachable(t), slog.New(slog.NewTextHandler(&logs, nil)))
+	if s.HasSynced() {
+		t.Error("synced before Run")
+	}
+	if st := s.Snapshot(); len(st.Pods)+len(st.Namespaces)+len(st.Policies)+len(st.Nodes) != 0 {
+		t.Errorf("non-empty snapshot: %+v", st)
+	}
+
+	ns := add(t, s, "namespaces", &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}).(*corev1.Namespace)
+	pod := add(t, s, "pods", fullPod()).(*corev1.Pod)
+	node := add(t, s, "nodes", &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}}}).(*corev1.Node)
+	np := add(t, s, "networkpolicies", &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "shop"}}).(*networkingv1.NetworkPolicy)
+	// Invalid despite coming from the "API": two IPv4 pod IPs.
+	add(t, s, "pods", &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: "shop"},
+		Status:     corev1.PodStatus{PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}, {IP: "10.0.0.2"}}},
+	})
+
+	st := s.Snapshot()
+	if st.Namespaces["shop"] != ns || st.Pods["shop/web-abc-xyz"] != pod || st.Nodes["node-1"] != node || st.Policies["shop/p"] != np {
+		t.Errorf("snapshot does not hold the cached objects: %+v", st)
+	}
+	if len(st.Pods) != 1 {
+		t.Errorf("pods: %v", st.Pods)
+	}
+	if got := st.Namespaces["shop"].Labels[cluster.NamespaceNameLabel]; got != "shop" {
+		t.Errorf("namespace not defaulted: %v", st.Namespaces["shop"].Labels)
+	}
+	if got := st.Policies["shop/p"].Spec.PolicyTypes; len(got) != 1 || got[0] != networkingv1.PolicyTypeIngress {
+		t.Errorf("policy not defaulted: %v", got)
+	}
+	if n := strings.Count(logs.String(), "ignoring invalid object"); n != 1 || !strings.Contains(logs.String(), "key=shop/bad") ||
+		!strings.Contains(logs.String(), "status.podIPs[1].ip") {
+		t.Errorf("log:\n%s", logs.String())
+	}
+
+	// The invalid object is logged only once; a fixed version is taken.
+	s.Snapshot()
+	if n := strings.Count(logs.String(), "ignoring invalid object"); n != 1 {
+		t.Errorf("invalid object logged %d times", n)
+	}
+	add(t, s, "pods", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: "shop"}, Status: corev1.PodStatus{PodIP: "10.0.0.1"}})
+	st2 := s.Snapshot()
+	if st2.Pods["shop/bad"] == nil || len(st2.Pods) != 2 {
+		t.Errorf("fixed pod missing: %v", st2.Pods)
+	}
+	if len(st.Pods) != 1 {
+		t.Error("earlier snapshot changed")
+	}
+	if len(s.podOK) != 2 {
+		t.Errorf("verdict cache holds %d pods, want 2", len(s.podOK))
+	}
+}
+
+func TestUnchanged(t *testing.T) {
+	a := TransformPod(fullPod())
+	b := TransformPod(fullPod())
+	b.ResourceVersion = "99999"
+	if !unchanged(a, b) {
+		t.Error("resourceVersion-only change is a change")
+	}
+	c := TransformPod(fullPod())
+	c.Status.PodIPs = []corev1.PodIP{{IP: "10.244.1.6"}}
+	if unchanged(a, c) {
+		t.Error("pod IP change not seen")
+	}
+	d := TransformPod(fullPod())
+	d.Labels = map[string]string{"app": "other"}
+	if unchanged(a, d) {
+		t.Error("label change not seen")
+	}
+	if a.ResourceVersion != "12345" || b.ResourceVersion != "99999" {
+		t.Error("unchanged modified its arguments")
+	}
+	n1 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "1"}}
+	n2 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "2"}}
+	if !unchanged(n1, n2) || unchanged(n1, a) {
+		t.Error("node comparison")
+	}
+}
+
+func TestRunUnreachable(t *testing.T) {
+	s := New(unreachable(t), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, func() {}) }()
+	time.Sleep(200 * time.Millisecond)
+	if s.HasSynced() {
+		t.Error("synced without an API server")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	if err := s.Run(context.Background(), func() {}); err == nil {
+		t.Error("second Run did not fail")
+	}
+}

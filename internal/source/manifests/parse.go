@@ -1,0 +1,385 @@
+package manifests
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	sjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+)
+
+// The kinds the agent reads. Their names are also the Kind part of objKey.
+const (
+	kindNamespace = "Namespace"
+	kindPod       = "Pod"
+	kindPolicy    = "NetworkPolicy"
+	kindNode      = "Node"
+)
+
+// kindInfo describes how to decode, default and validate one supported kind.
+type kindInfo struct {
+	apiVersion string
+	namespaced bool
+	// decode strictly decodes raw JSON. err is a hard decoding error (the object is unusable);
+	// strict lists unknown and duplicate fields (the object is populated regardless).
+	decode func(raw []byte) (obj metav1.Object, strict []error, err error)
+	// prepare sets TypeMeta, clears metadata.namespace on cluster-scoped objects (as the API
+	// server does), applies the cluster defaulting and returns the validation errors.
+	prepare func(obj metav1.Object) field.ErrorList
+}
+
+func newKind[T any, PT interface {
+	*T
+	metav1.Object
+}](kind, apiVersion string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList) kindInfo {
+	return kindInfo{
+		apiVersion: apiVersion,
+		namespaced: namespaced,
+		decode: func(raw []byte) (metav1.Object, []error, error) {
+			obj := PT(new(T))
+			strict, err := sjson.UnmarshalStrict(raw, obj)
+			return obj, strict, err
+		},
+		prepare: func(o metav1.Object) field.ErrorList {
+			obj := o.(PT)
+			setType(obj, metav1.TypeMeta{Kind: kind, APIVersion: apiVersion})
+			if !namespaced {
+				obj.SetNamespace("")
+			}
+			def(obj)
+			return validate(obj)
+		},
+	}
+}
+
+var kinds = map[string]kindInfo{
+	kindNamespace: newKind(kindNamespace, "v1", false,
+		func(o *corev1.Namespace, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNamespace, cluster.ValidateNamespace),
+	kindPod: newKind(kindPod, "v1", true,
+		func(o *corev1.Pod, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultPod, cluster.ValidatePod),
+	kindPolicy: newKind(kindPolicy, "networking.k8s.io/v1", true,
+		func(o *networkingv1.NetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNetworkPolicy, cluster.ValidateNetworkPolicy),
+	kindNode: newKind(kindNode, "v1", false,
+		func(o *corev1.Node, tm metav1.TypeMeta) { o.TypeMeta = tm }, func(*corev1.Node) {}, cluster.ValidateNode),
+}
+
+// listKinds maps the list kinds that are accepted to their apiVersion and the kind of their items
+// ("" for the generic List, whose items carry their own apiVersion and kind).
+var listKinds = map[string]struct{ apiVersion, itemKind string }{
+	"List":              {"v1", ""},
+	"NamespaceList":     {"v1", kindNamespace},
+	"PodList":           {"v1", kindPod},
+	"NetworkPolicyList": {"networking.k8s.io/v1", kindPolicy},
+	"NodeList":          {"v1", kindNode},
+}
+
+// objKey identifies an object across files. ns is empty for cluster-scoped kinds.
+type objKey struct{ kind, ns, name string }
+
+func (k objKey) String() string {
+	if k.ns == "" {
+		return k.kind + " " + k.name
+	}
+	return k.kind + " " + k.ns + "/" + k.name
+}
+
+// object is one good, defaulted and validated object read from a file. It is never mutated after
+// parsing: the same pointer is shared by every State built while its file's content is unchanged.
+type object struct {
+	key objKey
+	loc location
+	obj metav1.Object
+	sum [sha256.Size]byte // hash of the object's JSON, for change detection
+}
+
+// fileContent is the result of parsing one file's bytes.
+type fileContent struct {
+	name    string // file name inside the directory
+	sum     [sha256.Size]byte
+	objects []*object
+	errs    []error
+}
+
+// parser parses one file.
+type parser struct {
+	isYAML bool
+	path   string
+	logger *slog.Logger
+	objs   []*object
+	errs   []error
+	seen   map[objKey]*object
+}
+
+// parseFile parses the content of one manifest file. isJSON selects JSON (a stream of values)
+// rather than multi-document YAML.
+func parseFile(path, name string, data []byte, isJSON bool, logger *slog.Logger) *fileContent {
+	p := &parser{isYAML: !isJSON, path: path, logger: logger, seen: map[objKey]*object{}}
+	sum := sha256.Sum256(data)
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) // UTF-8 byte order mark
+	if isJSON {
+		p.parseJSON(data)
+	} else {
+		p.parseYAML(data)
+	}
+	return &fileContent{name: name, sum: sum, objects: p.objs, errs: p.errs}
+}
+
+func (p *parser) parseJSON(data []byte) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	doc := 0
+	for {
+		var raw json.RawMessage
+		err := dec.Decode(&raw)
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			loc := location{file: p.path, doc: doc + 1, item: -1}
+			var se *json.SyntaxError
+			if errors.As(err, &se) {
+				p.errs = append(p.errs, loc.errorf("invalid JSON at line %d: %v", lineOf(data, se.Offset), err))
+			} else {
+				p.errs = append(p.errs, loc.errorf("invalid JSON: %v", err))
+			}
+			return
+		}
+		if string(raw) == "null" {
+			continue
+		}
+		doc++
+		p.parseObject(raw, location{file: p.path, doc: doc, item: -1}, "")
+	}
+}
+
+func lineOf(data []byte, offset int64) int {
+	if offset > int64(len(data)) {
+		offset = int64(len(data))
+	}
+	return bytes.Count(data[:offset], []byte("\n")) + 1
+}
+
+func (p *parser) parseYAML(data []byte) {
+	doc := 0
+	for _, c := range splitYAML(data) {
+		j, err := yaml.YAMLToJSONStrict(c.data)
+		if err != nil {
+			doc++
+			loc := location{file: p.path, doc: doc, line: c.line, item: -1}
+			p.errs = append(p.errs, loc.err(yamlError(err, c.line)))
+			continue
+		}
+		if t := bytes.TrimSpace(j); len(t) == 0 || string(t) == "null" {
+			continue // empty document (only comments or whitespace)
+		}
+		doc++
+		p.parseObject(j, location{file: p.path, doc: doc, line: c.line, item: -1}, "")
+	}
+}
+
+type yamlChunk struct {
+	line int // 1-based line in the file where the chunk starts
+	data []byte
+}
+
+// splitYAML splits a YAML stream into documents at lines consisting of "---" (optionally followed
+// by whitespace or a comment), as kubectl does.
+func splitYAML(data []byte) []yamlChunk {
+	var chunks []yamlChunk
+	start, startLine, line := 0, 1, 1
+	for off := 0; off < len(data); line++ {
+		next := len(data)
+		end := next
+		if i := bytes.IndexByte(data[off:], '\n'); i >= 0 {
+			end, next = off+i, off+i+1
+		}
+		if isSeparator(data[off:end]) {
+			chunks = append(chunks, yamlChunk{line: startLine, data: data[start:off]})
+			start, startLine = next, line+1
+		}
+		off = next
+	}
+	return append(chunks, yamlChunk{line: startLine, data: data[start:]})
+}
+
+func isSeparator(line []byte) bool {
+	rest, ok := bytes.CutPrefix(line, []byte("---"))
+	if !ok {
+		return false
+	}
+	rest = bytes.TrimSpace(rest)
+	return len(rest) == 0 || rest[0] == '#'
+}
+
+var yamlLineRE = regexp.MustCompile(`\bline (\d+)\b`)
+
+// yamlError makes a YAML parser error refer to lines of the file rather than of the document and
+// fits it on one line.
+func yamlError(err error, startLine int) error {
+	msg := yamlLineRE.ReplaceAllStringFunc(err.Error(), func(s string) string {
+		n, convErr := strconv.Atoi(strings.TrimPrefix(s, "line "))
+		if convErr != nil {
+			return s
+		}
+		return "line " + strconv.Itoa(n+startLine-1)
+	})
+	lines := strings.Split(msg, "\n")
+	for i := range lines {
+		lines[i] = strings.TrimSpace(lines[i])
+	}
+	msg = strings.Join(lines, " ")
+	return errors.New("invalid YAML: " + msg)
+}
+
+// parseObject handles one document or List item (as JSON). itemKind is the kind implied by a
+// typed list (PodList...) for items that carry no apiVersion and kind.
+func (p *parser) parseObject(raw []byte, loc location, itemKind string) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '{' {
+		p.errs = append(p.errs, loc.errorf("not an object: expected a mapping with apiVersion and kind"))
+		return
+	}
+	var hdr struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Metadata   struct {
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+		} `json:"metadata"`
+	}
+	if err := sjson.UnmarshalCaseSensitivePreserveInts(raw, &hdr); err != nil {
+		p.errs = append(p.errs, loc.err(p.decodeError(err)))
+		return
+	}
+	if itemKind != "" && hdr.Kind == "" && hdr.APIVersion == "" {
+		hdr.Kind, hdr.APIVersion = itemKind, kinds[itemKind].apiVersion
+	}
+	loc.kind, loc.name, loc.ns = hdr.Kind, hdr.Metadata.Name, hdr.Metadata.Namespace
+	info, known := kinds[hdr.Kind]
+	if known {
+		if !info.namespaced {
+			loc.ns = ""
+		} else if loc.ns == "" {
+			loc.ns = corev1.NamespaceDefault
+		}
+	}
+	var missing bool
+	if hdr.Kind == "" {
+		p.errs = append(p.errs, loc.err(field.Required(field.NewPath("kind"), "")))
+		missing = true
+	}
+	if hdr.APIVersion == "" {
+		p.errs = append(p.errs, loc.err(field.Required(field.NewPath("apiVersion"), "")))
+		missing = true
+	}
+	if missing {
+		return
+	}
+	if itemKind != "" && hdr.Kind != itemKind {
+		p.errs = append(p.errs, loc.err(field.Invalid(field.NewPath("kind"), hdr.Kind, "items of a "+itemKind+"List must be "+itemKind)))
+		return
+	}
+	if lk, ok := listKinds[hdr.Kind]; ok {
+		p.parseList(raw, hdr.APIVersion, lk.apiVersion, lk.itemKind, loc)
+		return
+	}
+	if !known {
+		args := []any{"file", p.path, "document", loc.doc, "kind", hdr.Kind, "apiVersion", hdr.APIVersion}
+		if loc.item >= 0 {
+			args = append(args, "item", loc.item)
+		}
+		p.logger.Info("skipping manifest of unsupported kind", args...)
+		return
+	}
+	if hdr.APIVersion != info.apiVersion {
+		p.errs = append(p.errs, loc.err(field.NotSupported(field.NewPath("apiVersion"), hdr.APIVersion, []string{info.apiVersion})))
+		return
+	}
+	obj, strict, err := info.decode(raw)
+	if err != nil {
+		p.errs = append(p.errs, loc.err(p.decodeError(err)))
+		return
+	}
+	slices.SortFunc(strict, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	for _, se := range strict {
+		p.errs = append(p.errs, loc.strictErr(se))
+	}
+	fieldErrs := info.prepare(obj)
+	loc.name, loc.ns = obj.GetName(), obj.GetNamespace()
+	for _, fe := range fieldErrs {
+		p.errs = append(p.errs, loc.err(fe))
+	}
+	if len(strict) > 0 || len(fieldErrs) > 0 {
+		return
+	}
+	key := objKey{kind: hdr.Kind, ns: obj.GetNamespace(), name: obj.GetName()}
+	if prev, dup := p.seen[key]; dup {
+		p.errs = append(p.errs, loc.errorf("duplicate %s: also defined in %s of this file", key, prev.loc.docRef()))
+		return
+	}
+	b, err := json.Marshal(obj)
+	if err != nil { // cannot happen for these types
+		p.errs = append(p.errs, loc.err(err))
+		return
+	}
+	o := &object{key: key, loc: loc, obj: obj, sum: sha256.Sum256(b)}
+	p.seen[key] = o
+	p.objs = append(p.objs, o)
+}
+
+func (p *parser) parseList(raw []byte, apiVersion, wantAPIVersion, itemKind string, loc location) {
+	if loc.item >= 0 {
+		p.errs = append(p.errs, loc.errorf("a %s may not be nested in a List", loc.kind))
+		return
+	}
+	if apiVersion != wantAPIVersion {
+		p.errs = append(p.errs, loc.err(field.NotSupported(field.NewPath("apiVersion"), apiVersion, []string{wantAPIVersion})))
+		return
+	}
+	var list struct {
+		APIVersion string            `json:"apiVersion"`
+		Kind       string            `json:"kind"`
+		Metadata   metav1.ListMeta   `json:"metadata"`
+		Items      []json.RawMessage `json:"items"`
+	}
+	strict, err := sjson.UnmarshalStrict(raw, &list)
+	if err != nil {
+		p.errs = append(p.errs, loc.err(p.decodeError(err)))
+		return
+	}
+	if len(strict) > 0 {
+		slices.SortFunc(strict, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+		for _, se := range strict {
+			p.errs = append(p.errs, loc.strictErr(se))
+		}
+		return
+	}
+	for i, item := range list.Items {
+		itemLoc := location{file: loc.file, doc: loc.doc, line: loc.line, item: i}
+		p.parseObject(item, itemLoc, itemKind)
+	}
+}
+
+// decodeError explains the classic YAML surprise: unquoted y, n, yes, no, on, off, true and false
+// are booleans (as for kubectl), so `name: y` is not a string.
+func (p *parser) decodeError(err error) error {
+	msg := err.Error()
+	if p.isYAML && strings.Contains(msg, "cannot unmarshal bool into") && strings.HasSuffix(msg, "of type string") {
+		return fmt.Errorf("%w (YAML reads unquoted y, n, yes, no, on, off, true and false as booleans: quote the value)", err)
+	}
+	return err
+}

@@ -1,0 +1,141 @@
+package testbed
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// NetNSDir is where named network namespaces live (the same directory
+// `ip netns` uses, so `ip netns exec NAME ...` and `nft` work on them).
+const NetNSDir = "/var/run/netns"
+
+// createNamedNetNS creates a new network namespace bind-mounted at
+// NetNSDir/name and returns an open handle to it. The calling thread's
+// namespace is never changed: the unshare happens on a throw-away OS thread
+// which is destroyed afterwards (the goroutine exits while still locked).
+func createNamedNetNS(name string) (netns.NsHandle, error) {
+	if err := os.MkdirAll(NetNSDir, 0o755); err != nil {
+		return netns.None(), err
+	}
+	p := filepath.Join(NetNSDir, name)
+	f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		return netns.None(), fmt.Errorf("create netns file %s: %w", p, err)
+	}
+	f.Close()
+
+	type result struct {
+		h   netns.NsHandle
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// Never unlocked: the thread is tainted (new netns) and must die
+		// together with this goroutine.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ch <- result{netns.None(), fmt.Errorf("unshare(CLONE_NEWNET): %w", err)}
+			return
+		}
+		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		if err := unix.Mount(src, p, "none", unix.MS_BIND, ""); err != nil {
+			ch <- result{netns.None(), fmt.Errorf("bind mount %s: %w", p, err)}
+			return
+		}
+		h, err := netns.GetFromPath(p)
+		ch <- result{h, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		_ = unix.Unmount(p, unix.MNT_DETACH)
+		_ = os.Remove(p)
+		return netns.None(), r.err
+	}
+	return r.h, nil
+}
+
+// deleteNamedNetNS unmounts and removes NetNSDir/name. Missing files are not
+// an error.
+func deleteNamedNetNS(name string) error {
+	p := filepath.Join(NetNSDir, name)
+	var errs []error
+	if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
+	}
+	return errors.Join(errs...)
+}
+
+// inNetNS runs fn on the calling goroutine with its OS thread switched into
+// target. The original namespace is restored afterwards; if restoring fails
+// the thread stays locked (so the Go runtime never reuses it) and an error
+// is returned.
+func inNetNS(target netns.NsHandle, fn func() error) error {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("get current netns: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(target); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("setns: %w", err)
+	}
+	var fnErr error
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				restoreOrDie(orig)
+				panic(r)
+			}
+		}()
+		fnErr = fn()
+	}()
+	if err := netns.Set(orig); err != nil {
+		// Leave the thread locked: it is destroyed when this goroutine exits.
+		return errors.Join(fnErr, fmt.Errorf("restore netns (thread left locked): %w", err))
+	}
+	runtime.UnlockOSThread()
+	return fnErr
+}
+
+func restoreOrDie(orig netns.NsHandle) {
+	if err := netns.Set(orig); err == nil {
+		runtime.UnlockOSThread()
+	}
+}
+
+// inNetNSGo is like inNetNS but runs fn on a fresh goroutine, so a failure to
+// restore the namespace can never leak into the caller's goroutine.
+func inNetNSGo(target netns.NsHandle, fn func() error) error {
+	ch := make(chan error, 1)
+	go func() { ch <- inNetNS(target, fn) }()
+	return <-ch
+}
+
+type sysctl struct{ key, val string }
+
+// setSysctls writes the given sysctls (dotted keys, e.g. "net.ipv4.ip_forward")
+// inside the target namespace. /proc/sys/net resolves against the network
+// namespace of the thread doing the lookup.
+func setSysctls(target netns.NsHandle, kvs []sysctl) error {
+	return inNetNSGo(target, func() error {
+		for _, kv := range kvs {
+			p := "/proc/sys/" + strings.ReplaceAll(kv.key, ".", "/")
+			if err := os.WriteFile(p, []byte(kv.val), 0o644); err != nil {
+				return fmt.Errorf("sysctl %s=%s: %w", kv.key, kv.val, err)
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,192 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/netwarden/netwarden/internal/testbed"
+)
+
+// TestIncrementalChanges walks one running agent through the changes a cluster sees every
+// day; after each, the probed matrix must equal the oracle's.
+func TestIncrementalChanges(t *testing.T) {
+	t.Parallel()
+	w := standardWorld(t, testbed.Routed, true, true)
+	w.policies["x/web"] = withIngress(netpol("x", "web", sel("tier", "web")), from(peers(nsPodPeer(selp("team", "red"), selp("pod", "a")))))
+	w.policies["y/out"] = withEgress(netpol("y", "out", sel("pod", "b"), egressType), to(peers(podPeer(selp("tier", "web")))))
+	w.apply(t)
+	w.check(t, "initial")
+
+	// A pod label change moves a pod into and out of selections, as target and as peer.
+	w.pods["x/b"].Labels["tier"] = "web"
+	w.pods["y/a"].Labels["pod"] = "c"
+	w.apply(t)
+	w.check(t, "pod labels changed")
+
+	// Namespace relabelling changes which peers a namespaceSelector admits.
+	w.namespaces["z"].Labels["team"] = "red"
+	w.namespaces["y"].Labels["team"] = "green"
+	w.apply(t)
+	w.check(t, "namespaces relabelled")
+
+	// A policy update replaces its rules.
+	w.policies["x/web"] = withIngress(netpol("x", "web", sel("tier", "web")), from(nil, port(tcp, 81), port(udp, 80)))
+	w.apply(t)
+	w.check(t, "policy updated")
+
+	// A new pod is selected as a target and counted as a peer at once.
+	w.addPod(t, "x", "c", map[string]string{"pod": "c", "tier": "web"}, cport("web", 80, tcp))
+	w.apply(t)
+	w.check(t, "pod added")
+
+	// A deleted pod leaves the sets; its IP may be reused by the next pod.
+	w.removePod(t, "y/a")
+	w.apply(t)
+	w.check(t, "pod deleted")
+	w.addPod(t, "z", "reuse", map[string]string{"pod": "b"})
+	w.apply(t)
+	w.check(t, "pod added, possibly on a reused IP")
+
+	// Finished, host-network and IP-less pods are neither targets nor peers.
+	w.pods["x/c"].Status.Phase = corev1.PodSucceeded
+	w.apply(t)
+	w.check(t, "pod succeeded")
+	w.pods["x/c"].Status.Phase = corev1.PodRunning
+	w.pods["x/c"].Spec.HostNetwork = true
+	w.apply(t)
+	w.check(t, "pod on host network")
+
+	delete(w.policies, "y/out")
+	w.apply(t)
+	w.check(t, "policy deleted")
+}
+
+// tcpProbe checks one flow, for tests that look at a single path.
+func tcpProbe(w *world, srcKey, dstKey string, port uint16) bool {
+	return w.sim.Bed.Probe(context.Background(), testbed.Probe{
+		Src: w.tpods[srcKey], Dst: w.tpods[dstKey].IPv4, Port: port, Protocol: testbed.TCP,
+	})
+}
+
+// TestRestartDriftAndBadInput covers the agent's robustness: a restart converges with no open
+// or broken window, a deleted or edited table is repaired within the resync period, and bad
+// manifests leave the last good rules in place.
+func TestRestartDriftAndBadInput(t *testing.T) {
+	t.Parallel()
+	w := standardWorld(t, testbed.Bridge, true, false)
+	w.policies["x/deny"] = netpol("x", "deny", sel("pod", "a"))
+	w.policies["x/allow-b"] = withIngress(netpol("x", "allow-b", sel("pod", "b")), from(peers(podPeer(selp("pod", "a")))))
+	w.apply(t)
+	w.check(t, "before restart")
+
+	// Stop the agent: the rules stay.
+	if err := w.sim.StopAgent(); err != nil {
+		t.Fatalf("agent exit: %v", err)
+	}
+	if tcpProbe(w, "y/a", "x/a", 80) {
+		t.Fatal("stopping the agent opened traffic")
+	}
+	// While the agent is down, continuously probe one blocked and one allowed flow across the
+	// restart; neither may flip at any moment.
+	stop := make(chan struct{})
+	flips := make(chan string, 100)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				close(flips)
+				return
+			default:
+			}
+			if tcpProbe(w, "y/a", "x/a", 80) {
+				flips <- "blocked flow y/a -> x/a opened"
+			}
+			if !tcpProbe(w, "x/a", "x/b", 80) {
+				flips <- "allowed flow x/a -> x/b broke"
+			}
+		}
+	}()
+	before := w.sim.Syncs()
+	if err := w.sim.StartAgent("--resync-period", "1s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.sim.WaitSyncs(before, 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	for f := range flips {
+		t.Errorf("during restart: %s", f)
+	}
+	w.check(t, "after restart")
+
+	// Someone deletes the table: repaired within the resync period.
+	if out, err := w.sim.Nft("delete", "table", "inet", "netwarden"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	waitFor(t, 10*time.Second, "table repaired after deletion", func() bool { return !tcpProbe(w, "y/a", "x/a", 80) })
+	w.check(t, "after table deletion")
+
+	// Someone flushes a policy chain: repaired too.
+	if out, err := w.sim.Nft("flush", "chain", "inet", "netwarden", "in/x/allow-b"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	waitFor(t, 10*time.Second, "chain repaired after flush", func() bool { return tcpProbe(w, "x/a", "x/b", 80) })
+	if !strings.Contains(w.sim.Log(), "repairing kernel state") {
+		t.Fatal("agent did not log the repair")
+	}
+
+	// A broken file is reported with its name and document number; the last good state of
+	// that file stays in force.
+	good, err := marshalWorld(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(good, "name: allow-b", "name: allow-b\n  bogusField: 1", 1)
+	if err := w.sim.WriteFile("cluster.yaml", []byte(bad)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "error reported", func() bool {
+		return strings.Contains(w.sim.Log(), "cluster.yaml") && strings.Contains(w.sim.Log(), "bogusField")
+	})
+	w.check(t, "after a broken file")
+
+	// An invalid object (port out of range) is rejected the same way.
+	w.policies["x/allow-b"] = withIngress(netpol("x", "allow-b", sel("pod", "b")), from(peers(podPeer(selp("pod", "a"))), port(tcp, 70000)))
+	data, _ := marshalWorld(w)
+	if err := w.sim.WriteFile("cluster.yaml", []byte(data)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "validation error reported", func() bool { return strings.Contains(w.sim.Log(), "70000") })
+	w.policies["x/allow-b"] = withIngress(netpol("x", "allow-b", sel("pod", "b")), from(peers(podPeer(selp("pod", "a")))))
+	w.check(t, "after an invalid policy")
+}
+
+func marshalWorld(w *world) (string, error) {
+	b, err := marshalObjects(w)
+	return string(b), err
+}
+
+func marshalObjects(w *world) ([]byte, error) {
+	objs := w.objects()
+	return simnodeMarshal(objs)
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for: %s", timeout, what)
+}
+
+var _ = networkingv1.PolicyTypeIngress

@@ -1,0 +1,394 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/mattfenwick/cyclonus/pkg/matcher"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/testbed"
+)
+
+// requireKernel skips outside CI when the test cannot run here, and fails in CI, where a
+// skipped kernel test would hide a regression.
+func requireKernel(t *testing.T) {
+	t.Helper()
+	var why string
+	switch {
+	case os.Geteuid() != 0:
+		why = "needs root for network namespaces and nftables"
+	case !hasCmd("ip") || !hasCmd("nft"):
+		why = "needs iproute2 and nftables (make deps installs them)"
+	}
+	if _, err := simnode.AgentBinary(); err != nil && why == "" {
+		why = err.Error()
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("kernel test cannot run in CI: %s", why)
+	}
+	t.Skipf("skipping kernel test: %s", why)
+}
+
+func hasCmd(name string) bool { _, err := exec.LookPath(name); return err == nil }
+
+// world is the cluster a test bed simulates: namespaces, pods (local ones backed by network
+// namespaces) and policies.
+type world struct {
+	sim        *simnode.Sim
+	namespaces map[string]*corev1.Namespace
+	pods       map[string]*corev1.Pod
+	tpods      map[string]*testbed.Pod
+	policies   map[string]*networkingv1.NetworkPolicy
+}
+
+func newWorld(t *testing.T, topo testbed.Topology, v4, v6 bool) *world {
+	t.Helper()
+	requireKernel(t)
+	sim, err := simnode.New(simnode.Options{Bed: testbed.Config{Topology: topo, IPv4: v4, IPv6: v6}})
+	if err != nil {
+		t.Fatalf("creating test bed: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", tail(sim.Log(), 60))
+			if out, err := sim.Nft("list", "table", "inet", "netwarden"); err == nil {
+				t.Logf("kernel table:\n%s", tail(out, 200))
+			}
+		}
+		if err := sim.Close(); err != nil {
+			t.Errorf("closing test bed: %v", err)
+		}
+	})
+	return &world{sim: sim, namespaces: map[string]*corev1.Namespace{}, pods: map[string]*corev1.Pod{},
+		tpods: map[string]*testbed.Pod{}, policies: map[string]*networkingv1.NetworkPolicy{}}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (w *world) addNamespace(name string, labels map[string]string) {
+	w.namespaces[name] = simnode.Namespace(name, labels)
+}
+
+func (w *world) addPod(t *testing.T, ns, name string, labels map[string]string, ports ...corev1.ContainerPort) {
+	t.Helper()
+	p, tp, err := w.sim.AddPod(ns, name, labels, ports...)
+	if err != nil {
+		t.Fatalf("adding pod %s/%s: %v", ns, name, err)
+	}
+	w.pods[cluster.Key(ns, name)] = p
+	w.tpods[cluster.Key(ns, name)] = tp
+}
+
+func (w *world) removePod(t *testing.T, key string) {
+	t.Helper()
+	if err := w.sim.Bed.RemovePod(w.tpods[key]); err != nil {
+		t.Fatal(err)
+	}
+	delete(w.pods, key)
+	delete(w.tpods, key)
+}
+
+func (w *world) objects() []runtime.Object {
+	var objs []runtime.Object
+	for _, k := range sortedKeys(w.namespaces) {
+		objs = append(objs, w.namespaces[k])
+	}
+	for _, k := range sortedKeys(w.pods) {
+		objs = append(objs, w.pods[k])
+	}
+	for _, k := range sortedKeys(w.policies) {
+		objs = append(objs, w.policies[k])
+	}
+	return objs
+}
+
+// apply writes the world to the manifests directory and waits for the agent to process it.
+func (w *world) apply(t *testing.T) {
+	t.Helper()
+	if err := w.sim.Apply(w.objects()...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// endpoint is a probe source or destination: a pod, or the node itself (pod nil).
+type endpoint struct {
+	key string // "ns/name", or "node"
+	pod *corev1.Pod
+}
+
+var (
+	probePorts  = []uint16{80, 81}
+	probeProtos = []testbed.Protocol{testbed.TCP, testbed.UDP, testbed.SCTP}
+)
+
+type probeCase struct {
+	probe    testbed.Probe
+	src, dst endpoint
+	want     bool
+}
+
+// cases lists every probe of the reachability matrix with the oracle's verdict: each pod to
+// every other pod and to the node, and the node to each pod, for every family both ends have,
+// port and protocol.
+func (w *world) cases(oracle *oracle) []probeCase {
+	var out []probeCase
+	eps := []endpoint{{key: "node"}}
+	for _, k := range sortedKeys(w.pods) {
+		eps = append(eps, endpoint{key: k, pod: w.pods[k]})
+	}
+	for _, src := range eps {
+		for _, dst := range eps {
+			if src.key == dst.key {
+				continue // a pod's traffic to itself never leaves its namespace
+			}
+			var dstIPs []netip.Addr
+			if dst.pod == nil {
+				dstIPs = w.sim.Bed.NodeIPs()
+			} else {
+				dstIPs = w.tpods[dst.key].IPs()
+			}
+			for _, dip := range dstIPs {
+				var srcIP netip.Addr
+				var srcPod *testbed.Pod
+				if src.pod != nil {
+					srcPod = w.tpods[src.key]
+					for _, ip := range srcPod.IPs() {
+						if ip.Is4() == dip.Is4() {
+							srcIP = ip
+						}
+					}
+					if !srcIP.IsValid() {
+						continue
+					}
+				}
+				for _, port := range probePorts {
+					for _, proto := range probeProtos {
+						pc := probeCase{
+							probe: testbed.Probe{Src: srcPod, Dst: dip, Port: port, Protocol: proto},
+							src:   src, dst: dst,
+						}
+						pc.want = w.expect(oracle, src, dst, srcIP, dip, port, proto)
+						out = append(out, pc)
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (w *world) peer(ep endpoint, ip netip.Addr, notInKeys map[string]bool) *matcher.TrafficPeer {
+	if ep.pod == nil || len(policy.EligibleIPs(ep.pod)) == 0 {
+		// The node, and pods that are finished or on the host network, are no pods to
+		// NetworkPolicy: only their IP can match (an ipBlock).
+		return &matcher.TrafficPeer{IP: ip.String()}
+	}
+	nsLabels := map[string]string{cluster.NamespaceNameLabel: ep.pod.Namespace}
+	if ns, ok := w.namespaces[ep.pod.Namespace]; ok {
+		for k, v := range ns.Labels {
+			nsLabels[k] = v
+		}
+	}
+	return &matcher.TrafficPeer{IP: ip.String(), Internal: &matcher.InternalPeer{
+		PodLabels:       withAbsentKeys(ep.pod.Labels, notInKeys),
+		NamespaceLabels: withAbsentKeys(nsLabels, notInKeys),
+		Namespace:       ep.pod.Namespace,
+	}}
+}
+
+// cyclonus v0.5.6 deviates from Kubernetes on one point: its NotIn does not match an object
+// that lacks the key, while apimachinery's labels.Selector (what the API server, kubectl and
+// every policy implementation use) does. The oracle is corrected without touching its code:
+// for each key used by a NotIn, objects lacking it get the absentValue, and Exists and
+// DoesNotExist on such keys are rewritten to NotIn/In on absentValue. Every other operator
+// then evaluates exactly as before.
+const absentValue = "__absent__"
+
+func withAbsentKeys(labels map[string]string, keys map[string]bool) map[string]string {
+	out := map[string]string{}
+	for k, v := range labels {
+		out[k] = v
+	}
+	for k := range keys {
+		if _, ok := out[k]; !ok {
+			out[k] = absentValue
+		}
+	}
+	return out
+}
+
+func selectorsOf(np *networkingv1.NetworkPolicy) []*metav1.LabelSelector {
+	out := []*metav1.LabelSelector{&np.Spec.PodSelector}
+	add := func(peers []networkingv1.NetworkPolicyPeer) {
+		for i := range peers {
+			if peers[i].PodSelector != nil {
+				out = append(out, peers[i].PodSelector)
+			}
+			if peers[i].NamespaceSelector != nil {
+				out = append(out, peers[i].NamespaceSelector)
+			}
+		}
+	}
+	for _, r := range np.Spec.Ingress {
+		add(r.From)
+	}
+	for _, r := range np.Spec.Egress {
+		add(r.To)
+	}
+	return out
+}
+
+func notInKeys(nps []*networkingv1.NetworkPolicy) map[string]bool {
+	keys := map[string]bool{}
+	for _, np := range nps {
+		for _, s := range selectorsOf(np) {
+			for _, e := range s.MatchExpressions {
+				if e.Operator == metav1.LabelSelectorOpNotIn {
+					keys[e.Key] = true
+				}
+			}
+		}
+	}
+	return keys
+}
+
+func rewriteForAbsentKeys(np *networkingv1.NetworkPolicy, keys map[string]bool) {
+	for _, s := range selectorsOf(np) {
+		for i, e := range s.MatchExpressions {
+			if !keys[e.Key] {
+				continue
+			}
+			switch e.Operator {
+			case metav1.LabelSelectorOpExists:
+				s.MatchExpressions[i] = metav1.LabelSelectorRequirement{Key: e.Key, Operator: metav1.LabelSelectorOpNotIn, Values: []string{absentValue}}
+			case metav1.LabelSelectorOpDoesNotExist:
+				s.MatchExpressions[i] = metav1.LabelSelectorRequirement{Key: e.Key, Operator: metav1.LabelSelectorOpIn, Values: []string{absentValue}}
+			}
+		}
+	}
+}
+
+func (w *world) expect(oracle *oracle, src, dst endpoint, srcIP, dstIP netip.Addr, port uint16, proto testbed.Protocol) bool {
+	if src.pod == nil {
+		return true // the node may always reach its own pods
+	}
+	portName := ""
+	if dst.pod != nil {
+		for _, c := range dst.pod.Spec.Containers {
+			for _, cp := range c.Ports {
+				if cp.ContainerPort == int32(port) && string(cp.Protocol) == string(proto) {
+					portName = cp.Name
+				}
+			}
+		}
+	}
+	tr := &matcher.Traffic{
+		Source:           w.peer(src, srcIP, oracle.notInKeys),
+		Destination:      w.peer(dst, dstIP, oracle.notInKeys),
+		ResolvedPort:     int(port),
+		ResolvedPortName: portName,
+		Protocol:         corev1.Protocol(proto),
+	}
+	return oracle.policy.IsTrafficAllowed(tr).IsAllowed()
+}
+
+type oracle struct {
+	policy    *matcher.Policy
+	notInKeys map[string]bool
+}
+
+// buildOracle feeds cyclonus the policies after the API server's defaulting, without which
+// its BuildTarget panics on empty policyTypes.
+func (w *world) buildOracle() *oracle {
+	var nps []*networkingv1.NetworkPolicy
+	for _, k := range sortedKeys(w.policies) {
+		np := w.policies[k].DeepCopy()
+		cluster.DefaultNetworkPolicy(np)
+		nps = append(nps, np)
+	}
+	keys := notInKeys(nps)
+	for _, np := range nps {
+		rewriteForAbsentKeys(np, keys)
+	}
+	return &oracle{policy: matcher.BuildNetworkPolicies(false, nps), notInKeys: keys}
+}
+
+// check probes the whole matrix and compares it with the oracle.
+func (w *world) check(t *testing.T, step string) {
+	t.Helper()
+	cases := w.cases(w.buildOracle())
+	probes := make([]testbed.Probe, len(cases))
+	for i, c := range cases {
+		probes[i] = c.probe
+	}
+	got := w.sim.Bed.ProbeAll(context.Background(), probes)
+	var wrong []string
+	allowed := 0
+	for i, c := range cases {
+		if got[i] {
+			allowed++
+		}
+		if got[i] != c.want {
+			wrong = append(wrong, fmt.Sprintf("  %s -> %s (%s) %s/%d: probed %s, oracle says %s",
+				c.src.key, c.dst.key, c.probe.Dst, c.probe.Protocol, c.probe.Port, verdict(got[i]), verdict(c.want)))
+		}
+	}
+	if len(wrong) > 0 {
+		sort.Strings(wrong)
+		if len(wrong) > 40 {
+			wrong = append(wrong[:40], fmt.Sprintf("  ... and %d more", len(wrong)-40))
+		}
+		t.Fatalf("%s: %d of %d probes differ from the oracle:\n%s\npolicies:\n%s", step, len(wrong), len(cases),
+			strings.Join(wrong, "\n"), w.policyYAML())
+	}
+	t.Logf("%s: %d probes match the oracle (%d allowed, %d blocked)", step, len(cases), allowed, len(cases)-allowed)
+}
+
+func verdict(b bool) string {
+	if b {
+		return "allowed"
+	}
+	return "blocked"
+}
+
+func (w *world) policyYAML() string {
+	var objs []runtime.Object
+	for _, k := range sortedKeys(w.policies) {
+		objs = append(objs, w.policies[k])
+	}
+	b, _ := simnode.Marshal(objs...)
+	return string(b)
+}
+
+func simnodeMarshal(objs []runtime.Object) ([]byte, error) { return simnode.Marshal(objs...) }
