@@ -33,10 +33,11 @@ type Config struct {
 
 // Agent keeps the kernel in step with the cluster.
 type Agent struct {
-	cfg     Config
-	log     *slog.Logger
-	ready   atomic.Bool
-	trigger chan struct{}
+	cfg      Config
+	log      *slog.Logger
+	compiler *policy.Compiler
+	ready    atomic.Bool
+	trigger  chan struct{}
 	// lastEvent is when the oldest unprocessed change was seen, for programming latency.
 	lastEvent atomic.Int64
 }
@@ -52,7 +53,7 @@ func New(cfg Config) *Agent {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Agent{cfg: cfg, log: cfg.Logger, trigger: make(chan struct{}, 1)}
+	return &Agent{cfg: cfg, log: cfg.Logger, trigger: make(chan struct{}, 1), compiler: policy.NewCompiler(cfg.NodeName)}
 }
 
 func (a *Agent) notify() {
@@ -92,7 +93,7 @@ func (a *Agent) waitSynced(ctx context.Context, srcErr <-chan error) error {
 
 // compile computes the desired ruleset from the source's current snapshot.
 func (a *Agent) compile() (*policy.Ruleset, policy.Stats) {
-	return policy.Compile(a.cfg.Source.Snapshot(), a.cfg.NodeName)
+	return a.compiler.Compile(a.cfg.Source.Snapshot())
 }
 
 // Once waits for the source, replaces the kernel state once, and verifies the kernel holds it.

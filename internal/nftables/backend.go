@@ -18,7 +18,8 @@ import (
 
 // Backend owns table inet netwarden.
 type Backend struct {
-	nft knftables.Interface
+	nft      knftables.Interface
+	renderer Renderer
 	// applied is what the kernel held after our last successful transaction; nil forces the
 	// next sync to replace the whole table.
 	applied *Rendered
@@ -50,12 +51,12 @@ func (b *Backend) Render(rs *policy.Ruleset) string { return Dump(Render(rs)) }
 
 // Sync implements dataplane.PolicyBackend.
 func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
-	return b.SyncRendered(ctx, Render(rs))
+	return b.SyncRendered(ctx, b.renderer.Render(rs))
 }
 
 // FullSync implements dataplane.PolicyBackend.
 func (b *Backend) FullSync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
-	return b.FullSyncRendered(ctx, Render(rs))
+	return b.FullSyncRendered(ctx, b.renderer.Render(rs))
 }
 
 // SyncRendered makes the kernel hold want, in one transaction. After a successful first sync it sends
@@ -174,15 +175,15 @@ func diff(tx *knftables.Transaction, old, new *Rendered) {
 	// Plain set elements before rules, so a rewritten rule never sees a half-filled set.
 	for _, name := range sortedKeys(new.Sets) {
 		s := new.Sets[name]
-		if s.isMap {
-			continue
+		if s.isMap || s == old.Sets[name] {
+			continue // the renderer returns the same pointer for unchanged content
 		}
 		diffElements(tx, name, s, old.Sets[name])
 	}
 	for _, name := range sortedKeys(new.Chains) {
 		c := new.Chains[name]
 		o, ok := old.Chains[name]
-		if ok && equalStrings(o.rules, c.rules) {
+		if ok && (o == c || equalStrings(o.rules, c.rules)) {
 			continue
 		}
 		if ok {

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/knftables"
@@ -89,8 +90,34 @@ func (r *Rendered) Stats() Stats {
 
 var ndTypes = "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect } accept"
 
+// Renderer turns Rulesets into table content. It remembers what it rendered for each
+// published set and policy value, so unchanged ones cost nothing and come out as the same
+// pointer, which lets diff skip them without comparing elements.
+type Renderer struct {
+	prev, cur renderCache
+}
+
+type renderCache struct {
+	addrSets  map[*policy.AddrSet][2]*set
+	namedSets map[*policy.NamedPortSet][2]*set
+	cidrSets  map[*policy.CIDRSet]*set
+	policies  map[*policy.PolicyRules]*chain
+}
+
+func newRenderCache() renderCache {
+	return renderCache{addrSets: map[*policy.AddrSet][2]*set{}, namedSets: map[*policy.NamedPortSet][2]*set{},
+		cidrSets: map[*policy.CIDRSet]*set{}, policies: map[*policy.PolicyRules]*chain{}}
+}
+
+// Render turns a Ruleset into table content with a fresh Renderer.
+func Render(rs *policy.Ruleset) *Rendered { return (&Renderer{}).Render(rs) }
+
 // Render turns a Ruleset into table content.
-func Render(rs *policy.Ruleset) *Rendered {
+func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
+	rd.prev, rd.cur = rd.cur, newRenderCache()
+	if rd.prev.addrSets == nil {
+		rd.prev = newRenderCache()
+	}
 	r := &Rendered{Sets: map[string]*set{}, Chains: map[string]*chain{}}
 
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
@@ -139,54 +166,62 @@ func Render(rs *policy.Ruleset) *Rendered {
 		r.Chains[name] = c
 	}
 	for name, p := range rs.Policies {
-		r.Chains[name] = &chain{comment: fmt.Sprintf("%s of NetworkPolicy %s", p.Direction, p.Source), rules: policyRules(p)}
+		c, ok := rd.prev.policies[p]
+		if !ok {
+			c = &chain{comment: fmt.Sprintf("%s of NetworkPolicy %s", p.Direction, p.Source), rules: policyRules(p)}
+		}
+		rd.cur.policies[p] = c
+		r.Chains[name] = c
 	}
 
-	for name, ips := range rs.AddrSets {
-		v4 := &set{typ: "ipv4_addr", elements: map[string]string{}, comment: "pod peers"}
-		v6 := &set{typ: "ipv6_addr", elements: map[string]string{}, comment: "pod peers"}
-		for _, ip := range ips {
-			if ip.Is6() {
-				v6.elements[ip.String()] = ""
-			} else {
-				v4.elements[ip.String()] = ""
-			}
-		}
-		r.Sets[name+"-v4"], r.Sets[name+"-v6"] = v4, v6
-	}
-	for name, prefixes := range rs.CIDRSets {
-		s := &set{typ: "ipv4_addr", interval: true, elements: map[string]string{}, comment: "ipBlock"}
-		for i, p := range prefixes {
-			if i == 0 && p.Addr().Is6() {
-				s.typ = "ipv6_addr"
-			}
-			s.elements[prefixElement(p)] = ""
-		}
-		r.Sets[name] = s
-	}
-	for name, entries := range rs.NamedPortSets {
-		v4 := &set{typ: "ipv4_addr . inet_service", elements: map[string]string{}, comment: "named port"}
-		v6 := &set{typ: "ipv6_addr . inet_service", elements: map[string]string{}, comment: "named port"}
-		for _, e := range entries {
-			key := fmt.Sprintf("%s . %d", e.Addr(), e.Port())
-			if e.Addr().Is6() {
-				v6.elements[key] = ""
-			} else {
-				v4.elements[key] = ""
-			}
-		}
-		r.Sets[name+"-v4"], r.Sets[name+"-v6"] = v4, v6
-	}
-	// An ipBlock set whose cidr is entirely excepted has no elements, so its family was not
-	// seen above; the compiler records the family on the peer instead.
-	for _, p := range rs.Policies {
-		for _, rule := range p.Rules {
-			for _, peer := range rule.Peers {
-				if peer.CIDRSet != "" && peer.IPv6 {
-					r.Sets[peer.CIDRSet].typ = "ipv6_addr"
+	for name, as := range rs.AddrSets {
+		pair, ok := rd.prev.addrSets[as]
+		if !ok {
+			v4 := &set{typ: "ipv4_addr", elements: map[string]string{}, comment: "pod peers"}
+			v6 := &set{typ: "ipv6_addr", elements: map[string]string{}, comment: "pod peers"}
+			for _, ip := range as.Addrs {
+				if ip.Is6() {
+					v6.elements[ip.String()] = ""
+				} else {
+					v4.elements[ip.String()] = ""
 				}
 			}
+			pair = [2]*set{v4, v6}
 		}
+		rd.cur.addrSets[as] = pair
+		r.Sets[name+"-v4"], r.Sets[name+"-v6"] = pair[0], pair[1]
+	}
+	for name, cs := range rs.CIDRSets {
+		s, ok := rd.prev.cidrSets[cs]
+		if !ok {
+			s = &set{typ: "ipv4_addr", interval: true, elements: map[string]string{}, comment: "ipBlock"}
+			if cs.IPv6 {
+				s.typ = "ipv6_addr"
+			}
+			for _, p := range cs.Prefixes {
+				s.elements[prefixElement(p)] = ""
+			}
+		}
+		rd.cur.cidrSets[cs] = s
+		r.Sets[name] = s
+	}
+	for name, ns := range rs.NamedPortSets {
+		pair, ok := rd.prev.namedSets[ns]
+		if !ok {
+			v4 := &set{typ: "ipv4_addr . inet_service", elements: map[string]string{}, comment: "named port"}
+			v6 := &set{typ: "ipv6_addr . inet_service", elements: map[string]string{}, comment: "named port"}
+			for _, e := range ns.Entries {
+				key := e.Addr().String() + " . " + strconv.Itoa(int(e.Port()))
+				if e.Addr().Is6() {
+					v6.elements[key] = ""
+				} else {
+					v4.elements[key] = ""
+				}
+			}
+			pair = [2]*set{v4, v6}
+		}
+		rd.cur.namedSets[ns] = pair
+		r.Sets[name+"-v4"], r.Sets[name+"-v6"] = pair[0], pair[1]
 	}
 	return r
 }
@@ -209,7 +244,7 @@ func baseChain(name string, hook knftables.BaseChainHook, prio string) *knftable
 
 // policyRules expands each policy rule into nft rules: one per peer, port match and, where the
 // match is family-specific, IP family. Any one of them accepting means the policy allows.
-func policyRules(p policy.PolicyRules) []string {
+func policyRules(p *policy.PolicyRules) []string {
 	peerAddr := "saddr"
 	if p.Direction == policy.Egress {
 		peerAddr = "daddr"

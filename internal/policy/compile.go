@@ -22,71 +22,254 @@ type Stats struct {
 	LocalPods         int // eligible pods on this node
 	IsolatedPods      int // local pods selected by at least one policy
 	PoliciesSelecting int // policies that select at least one local pod
+	ChangedPods       int // pods added, changed or removed since the previous compile
+	RecomputedSets    int // peer sets computed from scratch rather than updated by delta
 }
 
-// podInfo is an eligible pod: running or pending with IPs, not on the host network.
-type podInfo struct {
-	pod *corev1.Pod
-	ips []netip.Addr
+// Compiler compiles successive snapshots for one node. It is level-triggered: the result
+// depends only on the snapshot. Between compiles it remembers what it derived from each
+// object, found by pointer (snapshots share unchanged objects), so a change to one pod costs
+// work proportional to the sets that pod can affect, not to the size of the cluster.
+type Compiler struct {
+	node string
+	sels selectorCache
+
+	podPtr    map[string]*corev1.Pod // every pod of the previous snapshot
+	pods      map[string]*podInfo    // its eligible pods
+	local     map[string]*podInfo    // its eligible pods on this node
+	podsPerNS map[string]int         // eligible pods per namespace, to know implied namespaces
+	nsPtr     map[string]*corev1.Namespace
+	nsLabels  map[string]labels.Set // including namespaces implied by pods
+
+	policies  map[*networkingv1.NetworkPolicy]*compiledPolicy
+	addrSets  map[string]*addrSetState
+	namedSets map[string]*namedSetState
+	cidrSets  map[string]*CIDRSet
 }
 
-type compiler struct {
-	st       *cluster.State
-	node     string
-	rs       *Ruleset
-	nsLabels map[string]labels.Set
-	// podsByNS holds every eligible pod in the cluster, the universe of pod peers.
-	podsByNS   map[string][]podInfo
-	localByNS  map[string][]podInfo
-	namespaces []string // sorted, for deterministic set contents
-	selCache   map[string]labels.Selector
-}
-
-// Compile computes the desired Ruleset for the pods on node.
-func Compile(st *cluster.State, node string) (*Ruleset, Stats) {
-	c := &compiler{
-		st:        st,
+// NewCompiler returns a Compiler for node.
+func NewCompiler(node string) *Compiler {
+	return &Compiler{
 		node:      node,
-		rs:        NewRuleset(),
+		sels:      selectorCache{cur: map[*metav1.LabelSelector]parsedSelector{}},
+		podPtr:    map[string]*corev1.Pod{},
+		pods:      map[string]*podInfo{},
+		local:     map[string]*podInfo{},
+		podsPerNS: map[string]int{},
+		nsPtr:     map[string]*corev1.Namespace{},
 		nsLabels:  map[string]labels.Set{},
-		podsByNS:  map[string][]podInfo{},
-		localByNS: map[string][]podInfo{},
-		selCache:  map[string]labels.Selector{},
+		policies:  map[*networkingv1.NetworkPolicy]*compiledPolicy{},
+		addrSets:  map[string]*addrSetState{},
+		namedSets: map[string]*namedSetState{},
+		cidrSets:  map[string]*CIDRSet{},
 	}
-	c.index()
-	return c.rs, c.compile()
 }
 
-func (c *compiler) index() {
-	for name, ns := range c.st.Namespaces {
-		c.nsLabels[name] = labels.Set(ns.Labels)
+// Compile computes the desired Ruleset for the pods on node with a fresh Compiler.
+func Compile(st *cluster.State, node string) (*Ruleset, Stats) {
+	return NewCompiler(node).Compile(st)
+}
+
+// podChange is a pod whose object differs from the previous snapshot; old or new is nil when
+// the pod was not eligible (or did not exist) on that side.
+type podChange struct {
+	key      string
+	old, new *podInfo
+}
+
+// Compile computes the desired Ruleset for the compiler's node from st.
+func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
+	cc.sels.rotate()
+	var stats Stats
+	changes := cc.diffPods(st)
+	nsChanged := cc.diffNamespaces(st)
+	stats.ChangedPods = len(changes)
+
+	rs := NewRuleset()
+	localByNS := map[string][]*podInfo{}
+	for _, pi := range cc.local {
+		localByNS[pi.pod.Namespace] = append(localByNS[pi.pod.Namespace], pi)
 	}
-	for _, pod := range c.st.Pods {
-		ips := EligibleIPs(pod)
-		if len(ips) == 0 {
+	for _, list := range localByNS {
+		sort.Slice(list, func(i, j int) bool { return list[i].key < list[j].key })
+		stats.LocalPods += len(list)
+	}
+
+	// Only policies in namespaces with local pods can select a local pod.
+	keys := make([]string, 0, 64)
+	for k, np := range st.Policies {
+		if len(localByNS[np.Namespace]) > 0 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+
+	usedPolicies := map[*networkingv1.NetworkPolicy]*compiledPolicy{}
+	addrDefs := map[string]addrSetDef{}
+	namedDefs := map[string]namedSetDef{}
+	selecting := map[Direction]map[string][]string{Ingress: {}, Egress: {}}
+	isolated := map[string]bool{}
+	for _, k := range keys {
+		np := st.Policies[k]
+		sel := cc.sels.get(&np.Spec.PodSelector).sel
+		var selected []*podInfo
+		for _, pi := range localByNS[np.Namespace] {
+			if sel.Matches(pi.labels) {
+				selected = append(selected, pi)
+			}
+		}
+		if len(selected) == 0 {
 			continue
 		}
-		pi := podInfo{pod: pod, ips: ips}
-		c.podsByNS[pod.Namespace] = append(c.podsByNS[pod.Namespace], pi)
-		if pod.Spec.NodeName == c.node {
-			c.localByNS[pod.Namespace] = append(c.localByNS[pod.Namespace], pi)
+		stats.PoliciesSelecting++
+		cp := cc.policies[np]
+		if cp == nil {
+			cp = cc.compilePolicy(np)
 		}
-		if _, ok := c.nsLabels[pod.Namespace]; !ok {
+		usedPolicies[np] = cp
+		for _, dir := range cp.dirs {
+			rules := cp.rules[dir]
+			chain := PolicyChainName(dir, np.Namespace, np.Name)
+			rs.Policies[chain] = rules
+			for _, pi := range selected {
+				selecting[dir][pi.key] = append(selecting[dir][pi.key], chain)
+				isolated[pi.key] = true
+			}
+		}
+		for name, d := range cp.addrSets {
+			addrDefs[name] = d
+		}
+		for name, d := range cp.namedSets {
+			namedDefs[name] = d
+		}
+		for name, s := range cp.cidrSets {
+			rs.CIDRSets[name] = s
+		}
+	}
+	cc.policies = usedPolicies
+	stats.IsolatedPods = len(isolated)
+
+	stats.RecomputedSets = cc.updateSets(rs, addrDefs, namedDefs, changes, nsChanged)
+
+	for dir, byPod := range selecting {
+		owner := map[netip.Addr]bool{}
+		pods := make([]string, 0, len(byPod))
+		for pk := range byPod {
+			pods = append(pods, pk)
+		}
+		sort.Strings(pods)
+		for _, pk := range pods {
+			chains := byPod[pk]
+			sort.Strings(chains)
+			name := groupName(dir, chains)
+			if _, ok := rs.Groups[name]; !ok {
+				rs.Groups[name] = Group{Direction: dir, Policies: chains}
+			}
+			for _, ip := range cc.local[pk].ips {
+				// Two live pods claiming one IP is a transient state (IP reuse); the pod
+				// key order makes the winner deterministic until the stale pod goes away.
+				if owner[ip] {
+					continue
+				}
+				owner[ip] = true
+				rs.Dispatch[dir][ip] = name
+			}
+		}
+	}
+	return rs, stats
+}
+
+// diffPods brings the compiler's pod view up to st and returns what changed.
+func (cc *Compiler) diffPods(st *cluster.State) []podChange {
+	var changes []podChange
+	seen := 0
+	for key, pod := range st.Pods {
+		prev, existed := cc.podPtr[key]
+		if existed {
+			seen++
+			if prev == pod {
+				continue
+			}
+		}
+		cc.podPtr[key] = pod
+		old := cc.pods[key]
+		var cur *podInfo
+		if ips := EligibleIPs(pod); len(ips) > 0 {
+			cur = &podInfo{pod: pod, key: key, ips: ips, labels: labels.Set(pod.Labels)}
+		}
+		cc.setPod(key, old, cur)
+		changes = append(changes, podChange{key: key, old: old, new: cur})
+	}
+	if seen < len(cc.podPtr) {
+		for key := range cc.podPtr {
+			if _, ok := st.Pods[key]; !ok {
+				old := cc.pods[key]
+				delete(cc.podPtr, key)
+				cc.setPod(key, old, nil)
+				changes = append(changes, podChange{key: key, old: old})
+			}
+		}
+	}
+	// Deterministic order keeps set contents and logs reproducible.
+	sort.Slice(changes, func(i, j int) bool { return changes[i].key < changes[j].key })
+	return changes
+}
+
+func (cc *Compiler) setPod(key string, old, cur *podInfo) {
+	if old != nil {
+		delete(cc.pods, key)
+		delete(cc.local, key)
+		if cc.podsPerNS[old.pod.Namespace]--; cc.podsPerNS[old.pod.Namespace] == 0 {
+			delete(cc.podsPerNS, old.pod.Namespace)
+		}
+	}
+	if cur != nil {
+		cc.pods[key] = cur
+		if cur.pod.Spec.NodeName == cc.node {
+			cc.local[key] = cur
+		}
+		cc.podsPerNS[cur.pod.Namespace]++
+	}
+}
+
+// diffNamespaces refreshes namespace labels and reports whether any namespace appeared,
+// disappeared or changed, including namespaces implied by pods alone.
+func (cc *Compiler) diffNamespaces(st *cluster.State) bool {
+	changed := len(st.Namespaces) != len(cc.nsPtr)
+	if !changed {
+		for name, ns := range st.Namespaces {
+			if cc.nsPtr[name] != ns {
+				changed = true
+				break
+			}
+		}
+	}
+	implied := 0
+	for ns := range cc.podsPerNS {
+		if _, ok := st.Namespaces[ns]; !ok {
+			implied++
+			if _, known := cc.nsLabels[ns]; !known {
+				changed = true
+			}
+		}
+	}
+	if !changed && len(cc.nsLabels) == len(st.Namespaces)+implied {
+		return false
+	}
+	cc.nsPtr = make(map[string]*corev1.Namespace, len(st.Namespaces))
+	cc.nsLabels = make(map[string]labels.Set, len(st.Namespaces)+implied)
+	for name, ns := range st.Namespaces {
+		cc.nsPtr[name] = ns
+		cc.nsLabels[name] = labels.Set(ns.Labels)
+	}
+	for ns := range cc.podsPerNS {
+		if _, ok := cc.nsLabels[ns]; !ok {
 			// A pod proves its namespace exists even when the Namespace object is not (yet)
 			// known, e.g. a manifests directory that declares no namespaces.
-			c.nsLabels[pod.Namespace] = labels.Set{cluster.NamespaceNameLabel: pod.Namespace}
+			cc.nsLabels[ns] = labels.Set{cluster.NamespaceNameLabel: ns}
 		}
 	}
-	for ns := range c.nsLabels {
-		c.namespaces = append(c.namespaces, ns)
-	}
-	sort.Strings(c.namespaces)
-	for _, list := range c.podsByNS {
-		sort.Slice(list, func(i, j int) bool { return list[i].pod.Name < list[j].pod.Name })
-	}
-	for _, list := range c.localByNS {
-		sort.Slice(list, func(i, j int) bool { return list[i].pod.Name < list[j].pod.Name })
-	}
+	return true
 }
 
 // EligibleIPs returns the IPs of a pod that takes part in policy, or nil: pods without IPs, on
@@ -111,129 +294,61 @@ func EligibleIPs(pod *corev1.Pod) []netip.Addr {
 	return ips
 }
 
-func (c *compiler) compile() Stats {
-	var stats Stats
-	for _, l := range c.localByNS {
-		stats.LocalPods += len(l)
-	}
-	keys := make([]string, 0, len(c.st.Policies))
-	for k, np := range c.st.Policies {
-		if len(c.localByNS[np.Namespace]) > 0 {
-			keys = append(keys, k)
-		}
-	}
-	sort.Strings(keys)
-
-	// selecting[dir][pod key] lists the chains of the policies that select a local pod.
-	selecting := map[Direction]map[string][]string{Ingress: {}, Egress: {}}
-	localIPs := map[string][]netip.Addr{}
-	for _, k := range keys {
-		np := c.st.Policies[k]
-		sel := c.selector(&np.Spec.PodSelector)
-		var selected []podInfo
-		for _, pi := range c.localByNS[np.Namespace] {
-			if sel.Matches(labels.Set(pi.pod.Labels)) {
-				selected = append(selected, pi)
-			}
-		}
-		if len(selected) == 0 {
-			continue
-		}
-		stats.PoliciesSelecting++
-		for _, pt := range np.Spec.PolicyTypes {
-			dir := Ingress
-			if pt == networkingv1.PolicyTypeEgress {
-				dir = Egress
-			}
-			chain := PolicyChainName(dir, np.Namespace, np.Name)
-			c.rs.Policies[chain] = c.compilePolicy(np, dir)
-			for _, pi := range selected {
-				pk := cluster.Key(pi.pod.Namespace, pi.pod.Name)
-				selecting[dir][pk] = append(selecting[dir][pk], chain)
-				localIPs[pk] = pi.ips
-			}
-		}
-	}
-
-	isolated := map[string]bool{}
-	owner := map[netip.Addr]string{}
-	for dir, byPod := range selecting {
-		pods := make([]string, 0, len(byPod))
-		for pk := range byPod {
-			pods = append(pods, pk)
-		}
-		sort.Strings(pods)
-		for _, pk := range pods {
-			chains := byPod[pk]
-			sort.Strings(chains)
-			name := groupName(dir, chains)
-			if _, ok := c.rs.Groups[name]; !ok {
-				c.rs.Groups[name] = Group{Direction: dir, Policies: chains}
-			}
-			for _, ip := range localIPs[pk] {
-				// Two live pods claiming one IP is a transient state (IP reuse); the pod
-				// key order makes the winner deterministic until the stale pod goes away.
-				if prev, ok := owner[ip]; ok && prev != pk && dir == Ingress {
-					continue
-				}
-				owner[ip] = pk
-				c.rs.Dispatch[dir][ip] = name
-			}
-			isolated[pk] = true
-		}
-	}
-	stats.IsolatedPods = len(isolated)
-	return stats
+// compiledPolicy is what one NetworkPolicy object compiles to, independent of other objects:
+// its rules per direction and the definitions of the sets they name.
+type compiledPolicy struct {
+	dirs      []Direction
+	rules     map[Direction]*PolicyRules
+	addrSets  map[string]addrSetDef
+	namedSets map[string]namedSetDef
+	cidrSets  map[string]*CIDRSet
 }
 
-func (c *compiler) selector(ls *metav1.LabelSelector) labels.Selector {
-	key := ls.String()
-	if s, ok := c.selCache[key]; ok {
-		return s
+func (cc *Compiler) compilePolicy(np *networkingv1.NetworkPolicy) *compiledPolicy {
+	cp := &compiledPolicy{
+		rules:     map[Direction]*PolicyRules{},
+		addrSets:  map[string]addrSetDef{},
+		namedSets: map[string]namedSetDef{},
+		cidrSets:  map[string]*CIDRSet{},
 	}
-	s, err := metav1.LabelSelectorAsSelector(ls)
-	if err != nil {
-		// Sources validate selectors; should one slip through, match nothing rather than
-		// everything so the failure closes instead of opening.
-		s = labels.Nothing()
+	source := cluster.Key(np.Namespace, np.Name)
+	for _, pt := range np.Spec.PolicyTypes {
+		pr := &PolicyRules{Source: source}
+		if pt == networkingv1.PolicyTypeEgress {
+			pr.Direction = Egress
+			for _, r := range np.Spec.Egress {
+				pr.Rules = append(pr.Rules, cc.compileRule(cp, np.Namespace, r.To, r.Ports))
+			}
+		} else {
+			pr.Direction = Ingress
+			for _, r := range np.Spec.Ingress {
+				pr.Rules = append(pr.Rules, cc.compileRule(cp, np.Namespace, r.From, r.Ports))
+			}
+		}
+		cp.dirs = append(cp.dirs, pr.Direction)
+		cp.rules[pr.Direction] = pr
 	}
-	c.selCache[key] = s
-	return s
+	return cp
 }
 
-func (c *compiler) compilePolicy(np *networkingv1.NetworkPolicy, dir Direction) PolicyRules {
-	pr := PolicyRules{Direction: dir, Source: cluster.Key(np.Namespace, np.Name)}
-	if dir == Ingress {
-		for _, r := range np.Spec.Ingress {
-			pr.Rules = append(pr.Rules, c.compileRule(np.Namespace, r.From, r.Ports))
-		}
-	} else {
-		for _, r := range np.Spec.Egress {
-			pr.Rules = append(pr.Rules, c.compileRule(np.Namespace, r.To, r.Ports))
-		}
-	}
-	return pr
-}
-
-func (c *compiler) compileRule(policyNS string, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) Rule {
+func (cc *Compiler) compileRule(cp *compiledPolicy, policyNS string, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) Rule {
 	var rule Rule
 	for _, peer := range peers {
 		if peer.IPBlock != nil {
-			name, v6 := c.cidrSet(peer.IPBlock)
-			rule.Peers = append(rule.Peers, Peer{CIDRSet: name, IPv6: v6})
+			name, set := cc.cidrSet(peer.IPBlock)
+			cp.cidrSets[name] = set
+			rule.Peers = append(rule.Peers, Peer{CIDRSet: name, IPv6: set.IPv6})
 			continue
 		}
-		rule.Peers = append(rule.Peers, Peer{AddrSet: c.addrSet(policyNS, peer.NamespaceSelector, peer.PodSelector)})
+		d := cc.addrSetDef(policyNS, peer.NamespaceSelector, peer.PodSelector)
+		cp.addrSets[d.name] = d
+		rule.Peers = append(rule.Peers, Peer{AddrSet: d.name})
 	}
-	if len(peers) > 0 && len(rule.Peers) == 0 {
-		// Unreachable with validated input; keep "matches nothing" rather than "matches all".
-		rule.Peers = append(rule.Peers, Peer{AddrSet: c.addrSet(policyNS, &metav1.LabelSelector{}, nil)})
-	}
-	rule.Ports = c.compilePorts(ports)
+	rule.Ports = compilePorts(cp, ports)
 	return rule
 }
 
-func (c *compiler) compilePorts(ports []networkingv1.NetworkPolicyPort) []PortMatch {
+func compilePorts(cp *compiledPolicy, ports []networkingv1.NetworkPolicyPort) []PortMatch {
 	if len(ports) == 0 {
 		return nil
 	}
@@ -249,10 +364,11 @@ func (c *compiler) compilePorts(ports []networkingv1.NetworkPolicyPort) []PortMa
 		case p.Port == nil:
 			anyPort[proto] = true
 		case p.Port.Type == intstr.String:
-			name := c.namedPortSet(p.Port.StrVal, proto)
-			pm := PortMatch{Protocol: proto, NamedPortSet: name}
-			if !slices.ContainsFunc(named, func(x PortMatch) bool { return x.NamedPortSet == name }) {
-				named = append(named, pm)
+			d := namedSetDef{name: "port-" + p.Port.StrVal + "-" + string(proto), portName: p.Port.StrVal,
+				proto: corev1.Protocol(strings.ToUpper(string(proto)))}
+			cp.namedSets[d.name] = d
+			if !slices.ContainsFunc(named, func(x PortMatch) bool { return x.NamedPortSet == d.name }) {
+				named = append(named, PortMatch{Protocol: proto, NamedPortSet: d.name})
 			}
 		default:
 			first := uint16(p.Port.IntVal)
@@ -298,45 +414,7 @@ func mergeRanges(in []PortRange) []PortRange {
 	return out
 }
 
-func (c *compiler) addrSet(policyNS string, nsSel, podSel *metav1.LabelSelector) string {
-	key := "ns=" + policyNS
-	if nsSel != nil {
-		key = "nssel=" + c.selector(nsSel).String()
-	}
-	podSelector := labels.Everything()
-	if podSel != nil {
-		podSelector = c.selector(podSel)
-	}
-	key += "|pods=" + podSelector.String()
-	name := "pods-" + shortHash(key)
-	if _, ok := c.rs.AddrSets[name]; ok {
-		return name
-	}
-	var namespaces []string
-	if nsSel == nil {
-		namespaces = []string{policyNS}
-	} else {
-		s := c.selector(nsSel)
-		for _, ns := range c.namespaces {
-			if s.Matches(c.nsLabels[ns]) {
-				namespaces = append(namespaces, ns)
-			}
-		}
-	}
-	ips := []netip.Addr{}
-	for _, ns := range namespaces {
-		for _, pi := range c.podsByNS[ns] {
-			if podSelector.Matches(labels.Set(pi.pod.Labels)) {
-				ips = append(ips, pi.ips...)
-			}
-		}
-	}
-	slices.SortFunc(ips, netip.Addr.Compare)
-	c.rs.AddrSets[name] = slices.Compact(ips)
-	return name
-}
-
-func (c *compiler) cidrSet(b *networkingv1.IPBlock) (string, bool) {
+func (cc *Compiler) cidrSet(b *networkingv1.IPBlock) (string, *CIDRSet) {
 	cidr, _ := netip.ParsePrefix(b.CIDR) // validated by the source
 	cidr = cidr.Masked()
 	var except []netip.Prefix
@@ -351,40 +429,12 @@ func (c *compiler) cidrSet(b *networkingv1.IPBlock) (string, bool) {
 		key += "," + e.String()
 	}
 	name := "cidr-" + shortHash(key)
-	if _, ok := c.rs.CIDRSets[name]; !ok {
-		c.rs.CIDRSets[name] = SubtractPrefixes(cidr, except)
+	if s, ok := cc.cidrSets[name]; ok {
+		return name, s
 	}
-	return name, cidr.Addr().Is6()
-}
-
-func (c *compiler) namedPortSet(portName string, proto Protocol) string {
-	name := "port-" + portName + "-" + string(proto)
-	if _, ok := c.rs.NamedPortSets[name]; ok {
-		return name
-	}
-	entries := []netip.AddrPort{}
-	want := corev1.Protocol(strings.ToUpper(string(proto)))
-	for _, ns := range c.namespaces {
-		for _, pi := range c.podsByNS[ns] {
-			for _, ctr := range pi.pod.Spec.Containers {
-				for _, cp := range ctr.Ports {
-					proto := cp.Protocol
-					if proto == "" {
-						proto = corev1.ProtocolTCP
-					}
-					if cp.Name != portName || proto != want {
-						continue
-					}
-					for _, ip := range pi.ips {
-						entries = append(entries, netip.AddrPortFrom(ip, uint16(cp.ContainerPort)))
-					}
-				}
-			}
-		}
-	}
-	slices.SortFunc(entries, netip.AddrPort.Compare)
-	c.rs.NamedPortSets[name] = slices.Compact(entries)
-	return name
+	s := &CIDRSet{IPv6: cidr.Addr().Is6(), Prefixes: SubtractPrefixes(cidr, except)}
+	cc.cidrSets[name] = s
+	return name, s
 }
 
 // SubtractPrefixes returns disjoint prefixes covering cidr minus every except prefix.

@@ -36,15 +36,31 @@ type Ruleset struct {
 	// rules of exactly those policies.
 	Groups map[string]Group
 	// Policies holds the allow rules of each policy that selects at least one local pod.
-	Policies map[string]PolicyRules
+	Policies map[string]*PolicyRules
 	// AddrSets holds the IPs of pods matched by a peer selector, shared by identical selectors.
-	AddrSets map[string][]netip.Addr
+	AddrSets map[string]*AddrSet
 	// CIDRSets holds ipBlock peers as disjoint prefixes (cidr minus except).
-	CIDRSets map[string][]netip.Prefix
+	CIDRSets map[string]*CIDRSet
 	// NamedPortSets holds, for a (port name, protocol), every destination pod IP and the port
 	// number that name resolves to on that pod.
-	NamedPortSets map[string][]netip.AddrPort
+	NamedPortSets map[string]*NamedPortSet
 }
+
+// The values behind the pointers in a Ruleset are never modified once published: a compile
+// that changes a set or a policy's rules publishes a new value. Consumers may therefore treat
+// an unchanged pointer as unchanged content and skip work, which keeps incremental syncs small.
+
+// AddrSet is a sorted list of pod IPs, both families.
+type AddrSet struct{ Addrs []netip.Addr }
+
+// CIDRSet is an ipBlock as disjoint prefixes of one family.
+type CIDRSet struct {
+	IPv6     bool
+	Prefixes []netip.Prefix
+}
+
+// NamedPortSet is a sorted list of (pod IP, port) pairs.
+type NamedPortSet struct{ Entries []netip.AddrPort }
 
 // Group is a set of policies that jointly judge one direction for some pods.
 type Group struct {
@@ -94,9 +110,9 @@ func NewRuleset() *Ruleset {
 	return &Ruleset{
 		Dispatch:      map[Direction]map[netip.Addr]string{Ingress: {}, Egress: {}},
 		Groups:        map[string]Group{},
-		Policies:      map[string]PolicyRules{},
-		AddrSets:      map[string][]netip.Addr{},
-		CIDRSets:      map[string][]netip.Prefix{},
-		NamedPortSets: map[string][]netip.AddrPort{},
+		Policies:      map[string]*PolicyRules{},
+		AddrSets:      map[string]*AddrSet{},
+		CIDRSets:      map[string]*CIDRSet{},
+		NamedPortSets: map[string]*NamedPortSet{},
 	}
 }

@@ -1,0 +1,277 @@
+package policy
+
+import (
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// addrSetDef defines a pod peer set: the pods a (namespaceSelector, podSelector) pair selects
+// from a policy in policyNS. Identical pairs share one set.
+type addrSetDef struct {
+	name     string
+	policyNS string          // the namespace searched when nsSel is nil
+	nsSel    *parsedSelector // nil: the policy's own namespace
+	podSel   parsedSelector
+}
+
+func (cc *Compiler) addrSetDef(policyNS string, nsSel, podSel *metav1.LabelSelector) addrSetDef {
+	d := addrSetDef{policyNS: policyNS, podSel: parsedSelector{sel: labels.Everything()}}
+	key := "ns=" + policyNS
+	if nsSel != nil {
+		p := cc.sels.get(nsSel)
+		d.nsSel = &p
+		key = "nssel=" + p.key
+	}
+	if podSel != nil {
+		d.podSel = cc.sels.get(podSel)
+	}
+	d.name = "pods-" + shortHash(key+"|pods="+d.podSel.key)
+	return d
+}
+
+func (d addrSetDef) matches(pi *podInfo, nsLabels map[string]labels.Set) bool {
+	if d.nsSel == nil {
+		if pi.pod.Namespace != d.policyNS {
+			return false
+		}
+	} else if !d.nsSel.sel.Matches(nsLabels[pi.pod.Namespace]) {
+		return false
+	}
+	return d.podSel.sel.Matches(pi.labels)
+}
+
+type addrSetState struct {
+	def       addrSetDef
+	members   map[string][]netip.Addr // pod key -> its IPs
+	published *AddrSet
+}
+
+func (s *addrSetState) publish() {
+	var ips []netip.Addr
+	for _, m := range s.members {
+		ips = append(ips, m...)
+	}
+	slices.SortFunc(ips, netip.Addr.Compare)
+	s.published = &AddrSet{Addrs: slices.Compact(ips)}
+}
+
+// namedSetDef defines the (pod IP, port) pairs a named port resolves to for one protocol.
+type namedSetDef struct {
+	name     string
+	portName string
+	proto    corev1.Protocol
+}
+
+func (d namedSetDef) entries(pi *podInfo) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, ctr := range pi.pod.Spec.Containers {
+		for _, cp := range ctr.Ports {
+			proto := cp.Protocol
+			if proto == "" {
+				proto = corev1.ProtocolTCP
+			}
+			if cp.Name != d.portName || proto != d.proto {
+				continue
+			}
+			for _, ip := range pi.ips {
+				out = append(out, netip.AddrPortFrom(ip, uint16(cp.ContainerPort)))
+			}
+		}
+	}
+	return out
+}
+
+type namedSetState struct {
+	def       namedSetDef
+	members   map[string][]netip.AddrPort
+	published *NamedPortSet
+}
+
+func (s *namedSetState) publish() {
+	var entries []netip.AddrPort
+	for _, m := range s.members {
+		entries = append(entries, m...)
+	}
+	slices.SortFunc(entries, netip.AddrPort.Compare)
+	s.published = &NamedPortSet{Entries: slices.Compact(entries)}
+}
+
+// podIndex finds candidate pods for a selector when a set is computed from scratch.
+type podIndex struct {
+	byNS       map[string]*labelIndex[*podInfo]
+	all        *labelIndex[*podInfo]
+	byPortName map[string][]*podInfo
+	namespaces *labelIndex[string]
+	nsMatches  map[string]map[string]bool
+}
+
+func (cc *Compiler) buildIndex() *podIndex {
+	ix := &podIndex{byNS: map[string]*labelIndex[*podInfo]{}, all: newLabelIndex[*podInfo](),
+		byPortName: map[string][]*podInfo{}, namespaces: newLabelIndex[string](), nsMatches: map[string]map[string]bool{}}
+	for _, pi := range cc.pods {
+		ix.all.add(pi, pi.labels)
+		nsIx := ix.byNS[pi.pod.Namespace]
+		if nsIx == nil {
+			nsIx = newLabelIndex[*podInfo]()
+			ix.byNS[pi.pod.Namespace] = nsIx
+		}
+		nsIx.add(pi, pi.labels)
+		for _, ctr := range pi.pod.Spec.Containers {
+			for _, cp := range ctr.Ports {
+				if cp.Name != "" {
+					ix.byPortName[cp.Name] = append(ix.byPortName[cp.Name], pi)
+				}
+			}
+		}
+	}
+	for ns, l := range cc.nsLabels {
+		ix.namespaces.add(ns, l)
+	}
+	return ix
+}
+
+func (ix *podIndex) matchNamespaces(p *parsedSelector, nsLabels map[string]labels.Set) map[string]bool {
+	if m, ok := ix.nsMatches[p.key]; ok {
+		return m
+	}
+	m := map[string]bool{}
+	for _, ns := range ix.namespaces.candidates(p.sel) {
+		if p.sel.Matches(nsLabels[ns]) {
+			m[ns] = true
+		}
+	}
+	ix.nsMatches[p.key] = m
+	return m
+}
+
+// computeAddrSet evaluates a set from scratch, walking the smaller of the pods the pod
+// selector narrows to and the pods of the matching namespaces.
+func (cc *Compiler) computeAddrSet(d addrSetDef, ix *podIndex) *addrSetState {
+	st := &addrSetState{def: d, members: map[string][]netip.Addr{}}
+	var cands []*podInfo
+	if d.nsSel == nil {
+		if nsIx := ix.byNS[d.policyNS]; nsIx != nil {
+			cands = nsIx.candidates(d.podSel.sel)
+		}
+	} else {
+		nsSet := ix.matchNamespaces(d.nsSel, cc.nsLabels)
+		cands = ix.all.candidates(d.podSel.sel)
+		nsPods := 0
+		for ns := range nsSet {
+			if nsIx := ix.byNS[ns]; nsIx != nil {
+				nsPods += len(nsIx.all)
+			}
+		}
+		if nsPods < len(cands) {
+			cands = nil
+			for ns := range nsSet {
+				if nsIx := ix.byNS[ns]; nsIx != nil {
+					cands = append(cands, nsIx.candidates(d.podSel.sel)...)
+				}
+			}
+		}
+	}
+	for _, pi := range cands {
+		if d.matches(pi, cc.nsLabels) {
+			st.members[pi.key] = pi.ips
+		}
+	}
+	st.publish()
+	return st
+}
+
+// updateSets publishes every set the compiled policies use. A set whose inputs did not change
+// keeps its published value; one touched by a changed pod is updated from that pod alone; a
+// new set, or every set after a namespace change or a burst of pod changes, is computed from
+// scratch. It returns how many sets were computed from scratch.
+func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, namedDefs map[string]namedSetDef, changes []podChange, nsChanged bool) int {
+	bulk := len(changes) > len(cc.pods)/4+16
+	var ix *podIndex
+	index := func() *podIndex {
+		if ix == nil {
+			ix = cc.buildIndex()
+		}
+		return ix
+	}
+	recomputed := 0
+
+	addr := make(map[string]*addrSetState, len(addrDefs))
+	for name, d := range addrDefs {
+		st := cc.addrSets[name]
+		if st == nil || bulk || (nsChanged && d.nsSel != nil) {
+			st = cc.computeAddrSet(d, index())
+			recomputed++
+		} else {
+			dirty := false
+			for _, ch := range changes {
+				old, was := st.members[ch.key]
+				now := ch.new != nil && d.matches(ch.new, cc.nsLabels)
+				switch {
+				case was && now && slices.Equal(old, ch.new.ips):
+				case now:
+					st.members[ch.key] = ch.new.ips
+					dirty = true
+				case was:
+					delete(st.members, ch.key)
+					dirty = true
+				}
+			}
+			if dirty {
+				st.publish()
+			}
+		}
+		addr[name] = st
+		rs.AddrSets[name] = st.published
+	}
+	cc.addrSets = addr
+
+	named := make(map[string]*namedSetState, len(namedDefs))
+	for name, d := range namedDefs {
+		st := cc.namedSets[name]
+		if st == nil || bulk {
+			st = &namedSetState{def: d, members: map[string][]netip.AddrPort{}}
+			for _, pi := range index().byPortName[d.portName] {
+				if e := d.entries(pi); len(e) > 0 {
+					st.members[pi.key] = e
+				}
+			}
+			st.publish()
+			recomputed++
+		} else {
+			dirty := false
+			for _, ch := range changes {
+				old, was := st.members[ch.key]
+				var now []netip.AddrPort
+				if ch.new != nil {
+					now = d.entries(ch.new)
+				}
+				switch {
+				case was && slices.Equal(old, now):
+				case len(now) > 0:
+					st.members[ch.key] = now
+					dirty = true
+				case was:
+					delete(st.members, ch.key)
+					dirty = true
+				}
+			}
+			if dirty {
+				st.publish()
+			}
+		}
+		named[name] = st
+		rs.NamedPortSets[name] = st.published
+	}
+	cc.namedSets = named
+
+	for name := range cc.cidrSets {
+		if _, ok := rs.CIDRSets[name]; !ok {
+			delete(cc.cidrSets, name)
+		}
+	}
+	return recomputed
+}

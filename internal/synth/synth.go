@@ -1,0 +1,204 @@
+// Package synth generates synthetic clusters at a chosen scale for benchmarks: many
+// namespaces, pods spread over many nodes (a few on the node under test), and policies with a
+// realistic mix of selectors, ipBlocks and ports.
+package synth
+
+import (
+	"fmt"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+)
+
+// Spec sizes a synthetic cluster.
+type Spec struct {
+	Namespaces   int
+	Pods         int // spread evenly over namespaces
+	LocalPods    int // how many of them run on LocalNode, one per namespace first
+	Policies     int // spread evenly over namespaces
+	LocalNode    string
+	Nodes        int // nodes sharing the non-local pods
+	DualStack    bool
+	LocalIPs     []netip.Addr // IPv4 addresses for local pods, taken in order (optional)
+	LocalIPv6s   []netip.Addr
+	LocalCIDRv4  netip.Prefix // where generated local pod IPs come from
+	RemoteCIDRv4 netip.Prefix
+}
+
+// Default is the benchmark scale of the NetworkPolicy issue: 5,000 pods, 110 of them on this
+// node, 1,000 namespaces and 10,000 policies.
+func Default() Spec {
+	return Spec{Namespaces: 1000, Pods: 5000, LocalPods: 110, Policies: 10000, LocalNode: "node-0", Nodes: 50,
+		LocalCIDRv4: netip.MustParsePrefix("10.244.0.0/24"), RemoteCIDRv4: netip.MustParsePrefix("10.128.0.0/10")}
+}
+
+// Scale multiplies namespaces, pods and policies, keeping the local pod count (a node holds
+// at most 110 pods whatever the cluster size).
+func (s Spec) Scale(k int) Spec {
+	s.Namespaces *= k
+	s.Pods *= k
+	s.Policies *= k
+	s.Nodes *= k
+	return s
+}
+
+func nsName(i int) string { return fmt.Sprintf("ns-%05d", i) }
+
+// Generate builds the cluster. Pod i lives in namespace i % Namespaces; the first LocalPods
+// pods are local, so they fall in distinct namespaces.
+func Generate(s Spec) *cluster.State {
+	st := cluster.NewState()
+	envs := []string{"prod", "staging", "dev"}
+	for i := 0; i < s.Namespaces; i++ {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsName(i), Labels: map[string]string{
+			"team": fmt.Sprintf("team-%d", i%40), "env": envs[i%3],
+		}}}
+		cluster.DefaultNamespace(ns)
+		st.Namespaces[ns.Name] = ns
+	}
+	remote := s.RemoteCIDRv4.Addr()
+	local := s.LocalCIDRv4.Addr().Next().Next()
+	for i := 0; i < s.Pods; i++ {
+		ns := nsName(i % s.Namespaces)
+		node := fmt.Sprintf("node-%d", 1+i%max(s.Nodes-1, 1))
+		var ip4, ip6 netip.Addr
+		if i < s.LocalPods {
+			node = s.LocalNode
+			if i < len(s.LocalIPs) {
+				ip4 = s.LocalIPs[i]
+			} else {
+				ip4, local = local, local.Next()
+			}
+			if i < len(s.LocalIPv6s) {
+				ip6 = s.LocalIPv6s[i]
+			}
+		} else {
+			ip4, remote = remote, remote.Next()
+		}
+		if s.DualStack && !ip6.IsValid() {
+			b := ip4.As4()
+			ip6 = netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, b[0], b[1], b[2], b[3]})
+		}
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("pod-%06d", i), Labels: map[string]string{
+				"app": fmt.Sprintf("app-%d", (i/s.Namespaces)%10), "tier": []string{"web", "api", "db"}[i%3],
+			}},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Ports: []corev1.ContainerPort{
+				{Name: "http", ContainerPort: 80, Protocol: corev1.ProtocolTCP},
+				{Name: "metrics", ContainerPort: int32(9000 + i%3), Protocol: corev1.ProtocolTCP},
+			}}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: ip4.String()}}},
+		}
+		if ip6.IsValid() {
+			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip6.String()})
+		}
+		st.Pods[cluster.Key(ns, p.Name)] = p
+	}
+	for i := 0; i < s.Policies; i++ {
+		np := policy(i, s.Namespaces)
+		cluster.DefaultNetworkPolicy(np)
+		st.Policies[cluster.Key(np.Namespace, np.Name)] = np
+	}
+	return st
+}
+
+// policy i lives in namespace i % namespaces; its kind cycles through common shapes so the
+// mix has default-deny, same-namespace, cross-namespace, ipBlock, named-port and egress rules.
+func policy(i, namespaces int) *networkingv1.NetworkPolicy {
+	ns := nsName(i % namespaces)
+	kind := (i / namespaces) % 10
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("np-%06d", i)}}
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	port := func(p int) *intstr.IntOrString { v := intstr.FromInt32(int32(p)); return &v }
+	named := func(n string) *intstr.IntOrString { v := intstr.FromString(n); return &v }
+	app := func(k int) map[string]string { return map[string]string{"app": fmt.Sprintf("app-%d", k%10)} }
+	team := func(k int) map[string]string { return map[string]string{"team": fmt.Sprintf("team-%d", k%40)} }
+	switch kind {
+	case 0:
+		np.Spec.PodSelector = metav1.LabelSelector{}
+		np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	case 1:
+		np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"tier": "db"}}
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+			From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "api"}}}},
+			Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: port(5432)}},
+		}}
+	case 2:
+		np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"tier": "web"}}
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+			From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: team(i)}}},
+			Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: named("http")},
+				{Protocol: &tcp, Port: port(8000), EndPort: ptr(int32(8100))}},
+		}}
+	case 3:
+		np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: app(i)}
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+			From: []networkingv1.NetworkPolicyPeer{{
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: team(i + 7)},
+				PodSelector:       &metav1.LabelSelector{MatchLabels: app(i + 3)},
+			}},
+			Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: port(80)}},
+		}}
+	case 4:
+		np.Spec.PodSelector = metav1.LabelSelector{}
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+			From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{
+				CIDR: fmt.Sprintf("172.%d.0.0/16", 16+i%16), Except: []string{fmt.Sprintf("172.%d.%d.0/24", 16+i%16, i%256)},
+			}}},
+		}}
+	case 5:
+		np.Spec.PodSelector = metav1.LabelSelector{}
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+			From: []networkingv1.NetworkPolicyPeer{{
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "monitoring"}},
+			}, {
+				NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+					Key: "env", Operator: metav1.LabelSelectorOpIn, Values: []string{"prod", "staging"}}}},
+				PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "prometheus"}},
+			}},
+			Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: named("metrics")}},
+		}}
+	case 6:
+		np.Spec.PodSelector = metav1.LabelSelector{}
+		np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+		np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{
+			To: []networkingv1.NetworkPolicyPeer{{
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}},
+				PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
+			}},
+			Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: port(53)}, {Protocol: &tcp, Port: port(53)}},
+		}, {
+			To: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}},
+		}}
+	case 7:
+		np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"tier": "api"}}
+		np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+			From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "web"}}}},
+		}}
+		np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{
+			To: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "db"}}},
+				{IPBlock: &networkingv1.IPBlock{CIDR: fmt.Sprintf("10.%d.0.0/16", i%64)}}},
+		}}
+	case 8:
+		np.Spec.PodSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: "app", Operator: metav1.LabelSelectorOpNotIn, Values: []string{fmt.Sprintf("app-%d", i%10)}}}}
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+			From:  []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{MatchLabels: app(i + 1)}}},
+			Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: port(9000 + i%100)}},
+		}}
+	default:
+		np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: app(i)}
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+			From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"env": "prod"}}}},
+		}}
+	}
+	return np
+}
+
+func ptr[T any](v T) *T { return &v }
