@@ -23,6 +23,8 @@ type Backend struct {
 	// applied is what the kernel held after our last successful transaction; nil forces the
 	// next sync to replace the whole table.
 	applied *Rendered
+	// netlink sends element-only changes over netlink instead of through the nft CLI.
+	netlink bool
 	// verifiedHash is a digest of the table as listed at the last drift check; syncedSince
 	// records whether we changed the table after that listing.
 	verifiedHash string
@@ -36,7 +38,7 @@ func New() (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{nft: nft}, nil
+	return &Backend{nft: nft, netlink: true}, nil
 }
 
 // NewWithInterface wraps an existing knftables.Interface, such as knftables.NewFake for unit
@@ -59,20 +61,31 @@ func (b *Backend) FullSync(ctx context.Context, rs *policy.Ruleset) (dataplane.S
 	return b.FullSyncRendered(ctx, b.renderer.Render(rs))
 }
 
-// SyncRendered makes the kernel hold want, in one transaction. After a successful first sync it sends
-// only the difference; if a diff fails (for example because someone deleted the table) it falls
-// back to a full replace in a new transaction.
+// SyncRendered makes the kernel hold want, in one transaction. After a successful first sync
+// it sends only the difference: element-only changes as one netlink batch, anything else as
+// one nft transaction. If a diff fails (for example because someone deleted the table) it
+// falls back to a full replace in a new transaction.
 func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
 	if b.applied != nil {
 		tx := b.nft.NewTransaction()
-		diff(tx, b.applied, want)
-		if tx.NumOperations() == 0 {
+		elems, structural := diff(tx, b.applied, want)
+		if len(elems) == 0 && tx.NumOperations() == 0 {
 			return dataplane.SyncResult{}, nil
 		}
-		if err := b.nft.Run(ctx, tx); err == nil {
+		var err error
+		ops := len(elems) + tx.NumOperations()
+		if structural || !b.netlink {
+			for _, e := range elems {
+				addElementChange(tx, e)
+			}
+			err = b.nft.Run(ctx, tx)
+		} else {
+			err = applyElementsNetlink(elems)
+		}
+		if err == nil {
 			b.applied = want
 			b.syncedSince = true
-			return dataplane.SyncResult{Operations: tx.NumOperations()}, nil
+			return dataplane.SyncResult{Operations: ops}, nil
 		}
 		// The kernel no longer holds what we think; fall through to a full replace.
 	}
@@ -112,8 +125,9 @@ func WriteFull(tx *knftables.Transaction, r *Rendered) {
 	// Elements last: verdict map elements reference chains.
 	for _, name := range sortedKeys(r.Sets) {
 		s := r.Sets[name]
-		for _, k := range sortedKeys(s.elements) {
-			tx.Add(element(name, s, k, s.elements[k]))
+		elems := s.elements()
+		for _, k := range sortedKeys(elems) {
+			tx.Add(element(name, s, k, elems[k]))
 		}
 	}
 }
@@ -153,32 +167,25 @@ func element(setName string, s *set, key, value string) *knftables.Element {
 	return &knftables.Element{Set: setName, Key: []string{key}}
 }
 
-// diff adds to tx the commands that turn table content old into new. The order respects
-// references: objects are created before anything points at them, and removed only after the
-// rules and map elements pointing at them are gone.
-func diff(tx *knftables.Transaction, old, new *Rendered) {
+// diff adds to tx the structural commands that turn table content old into new and returns
+// the element changes separately, with whether anything structural (objects, rules, interval
+// set contents) changed. Element-only diffs can then go over netlink; otherwise the caller
+// appends the elements to tx, which still makes one atomic transaction. Within a transaction
+// only references need ordering: objects are created before anything points at them, and
+// removed only after the rules and map elements pointing at them are gone.
+func diff(tx *knftables.Transaction, old, new *Rendered) ([]elementChange, bool) {
+	structural := false
 	for _, name := range sortedKeys(new.Sets) {
-		if o, ok := old.Sets[name]; !ok || o.typ != new.Sets[name].typ || o.interval != new.Sets[name].interval {
-			if ok {
-				// A set whose type changed (ipBlock family) is recreated under a new
-				// name by the compiler; a same-name type change is not expected.
-				continue
-			}
+		if _, ok := old.Sets[name]; !ok {
 			addSetObject(tx, name, new.Sets[name])
+			structural = true
 		}
 	}
 	for _, name := range sortedKeys(new.Chains) {
 		if _, ok := old.Chains[name]; !ok {
 			addChainObject(tx, name, new.Chains[name])
+			structural = true
 		}
-	}
-	// Plain set elements before rules, so a rewritten rule never sees a half-filled set.
-	for _, name := range sortedKeys(new.Sets) {
-		s := new.Sets[name]
-		if s.isMap || s == old.Sets[name] {
-			continue // the renderer returns the same pointer for unchanged content
-		}
-		diffElements(tx, name, s, old.Sets[name])
 	}
 	for _, name := range sortedKeys(new.Chains) {
 		c := new.Chains[name]
@@ -186,6 +193,7 @@ func diff(tx *knftables.Transaction, old, new *Rendered) {
 		if ok && (o == c || equalStrings(o.rules, c.rules)) {
 			continue
 		}
+		structural = true
 		if ok {
 			tx.Flush(&knftables.Chain{Name: name})
 		}
@@ -193,49 +201,101 @@ func diff(tx *knftables.Transaction, old, new *Rendered) {
 			tx.Add(&knftables.Rule{Chain: name, Rule: rule})
 		}
 	}
+	var elems []elementChange
 	for _, name := range sortedKeys(new.Sets) {
-		if s := new.Sets[name]; s.isMap {
-			diffElements(tx, name, s, old.Sets[name])
+		s := new.Sets[name]
+		if s == old.Sets[name] {
+			continue // the renderer returns the same pointer for unchanged content
+		}
+		n := len(elems)
+		elems = diffElements(elems, name, s, old.Sets[name])
+		if s.interval && len(elems) > n {
+			structural = true // interval sets go through nft, which splits ranges for the kernel
 		}
 	}
+	var goneChains, goneSets []string
 	for _, name := range sortedKeys(old.Chains) {
 		if _, ok := new.Chains[name]; !ok {
-			tx.Flush(&knftables.Chain{Name: name})
-		}
-	}
-	for _, name := range sortedKeys(old.Chains) {
-		if _, ok := new.Chains[name]; !ok {
-			tx.Delete(&knftables.Chain{Name: name})
+			goneChains = append(goneChains, name)
 		}
 	}
 	for _, name := range sortedKeys(old.Sets) {
 		if _, ok := new.Sets[name]; !ok {
-			if old.Sets[name].isMap {
-				tx.Delete(&knftables.Map{Name: name})
-			} else {
-				tx.Delete(&knftables.Set{Name: name})
-			}
+			goneSets = append(goneSets, name)
 		}
+	}
+	structural = structural || len(goneChains) > 0 || len(goneSets) > 0
+	if !structural {
+		return elems, false
+	}
+	for _, e := range elems {
+		addElementChange(tx, e)
+	}
+	// Every removed chain is flushed before any is deleted, so jumps between removed chains
+	// are gone first; sets go last, once no rule uses them.
+	for _, name := range goneChains {
+		tx.Flush(&knftables.Chain{Name: name})
+	}
+	for _, name := range goneChains {
+		tx.Delete(&knftables.Chain{Name: name})
+	}
+	for _, name := range goneSets {
+		if old.Sets[name].isMap {
+			tx.Delete(&knftables.Map{Name: name})
+		} else {
+			tx.Delete(&knftables.Set{Name: name})
+		}
+	}
+	return nil, true
+}
+
+func addElementChange(tx *knftables.Transaction, e elementChange) {
+	s := &set{isMap: e.isMap}
+	if e.delete {
+		tx.Delete(element(e.set, s, e.key, ""))
+	} else {
+		tx.Add(element(e.set, s, e.key, e.value))
 	}
 }
 
-func diffElements(tx *knftables.Transaction, name string, s, old *set) {
-	if old == nil {
-		for _, k := range sortedKeys(s.elements) {
-			tx.Add(element(name, s, k, s.elements[k]))
+func diffElements(out []elementChange, name string, s, old *set) []elementChange {
+	switch {
+	case old == nil:
+		elems := s.elements()
+		for _, k := range sortedKeys(elems) {
+			out = append(out, elementChange{set: name, isMap: s.isMap, key: k, value: elems[k]})
 		}
-		return
-	}
-	for _, k := range sortedKeys(old.elements) {
-		if v, ok := s.elements[k]; !ok || v != old.elements[k] {
-			tx.Delete(element(name, s, k, ""))
+	case s.base != nil && s.base == old.src:
+		// The renderer knows the difference from the version the kernel holds.
+		for _, k := range s.removed {
+			out = append(out, elementChange{set: name, key: k, delete: true})
 		}
-	}
-	for _, k := range sortedKeys(s.elements) {
-		if v, ok := old.elements[k]; !ok || v != s.elements[k] {
-			tx.Add(element(name, s, k, s.elements[k]))
+		for _, k := range s.added {
+			out = append(out, elementChange{set: name, key: k})
 		}
+	default:
+		newElems, oldElems := s.elements(), old.elements()
+		start := len(out)
+		for k, v := range oldElems {
+			if nv, ok := newElems[k]; !ok || nv != v {
+				out = append(out, elementChange{set: name, isMap: s.isMap, key: k, delete: true})
+			}
+		}
+		for k, v := range newElems {
+			if ov, ok := oldElems[k]; !ok || ov != v {
+				out = append(out, elementChange{set: name, isMap: s.isMap, key: k, value: v})
+			}
+		}
+		// Deletions before additions (a changed map value is both), each in key order.
+		sort.SliceStable(out[start:], func(i, j int) bool {
+			a, b := out[start+i], out[start+j]
+			if a.delete != b.delete {
+				return a.delete
+			}
+			return a.key < b.key
+		})
 	}
+	return out
 }
 
 func equalStrings(a, b []string) bool {
@@ -317,8 +377,8 @@ func compareCounts(want *Rendered, got counts) string {
 		if !ok {
 			return fmt.Sprintf("set %s missing", name)
 		}
-		if n != len(s.elements) {
-			return fmt.Sprintf("set %s has %d elements, want %d", name, n, len(s.elements))
+		if n != s.count {
+			return fmt.Sprintf("set %s has %d elements, want %d", name, n, s.count)
 		}
 	}
 	if len(got.chains) != len(want.Chains) {

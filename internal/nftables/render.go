@@ -52,13 +52,34 @@ func famSuffix(v6 bool) string {
 }
 
 // set is a named set or verdict map with its elements. Keys and values are in nft syntax;
-// a map element's value is its verdict.
+// a map element's value is its verdict. Elements of sets rendered from large peer sets are
+// produced only when needed (a full sync, or a diff against an unrelated version): an
+// incremental sync uses the difference from the version it replaced.
 type set struct {
 	typ      string
 	interval bool
 	isMap    bool
 	comment  string
-	elements map[string]string
+	count    int
+
+	elems       map[string]string
+	materialize func() map[string]string
+
+	// src identifies the value this set was rendered from; base, when set, the value whose
+	// rendering this one differs from by added and removed keys.
+	src, base      any
+	added, removed []string
+}
+
+func (s *set) elements() map[string]string {
+	if s.elems == nil && s.materialize != nil {
+		s.elems = s.materialize()
+	}
+	return s.elems
+}
+
+func newSet(typ, comment string, elems map[string]string) *set {
+	return &set{typ: typ, comment: comment, elems: elems, count: len(elems)}
 }
 
 type chain struct {
@@ -83,7 +104,7 @@ func (r *Rendered) Stats() Stats {
 		s.Rules += len(c.rules)
 	}
 	for _, st := range r.Sets {
-		s.Elements += len(st.elements)
+		s.Elements += st.count
 	}
 	return s
 }
@@ -126,13 +147,14 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 			if v6 {
 				typ = "ipv6_addr : verdict"
 			}
-			m := &set{typ: typ, isMap: true, elements: map[string]string{},
-				comment: fmt.Sprintf("local pods isolated for %s -> the group judging them", dir)}
+			elems := map[string]string{}
 			for ip, grp := range rs.Dispatch[dir] {
 				if ip.Is6() == v6 {
-					m.elements[ip.String()] = "jump " + grp
+					elems[ip.String()] = "jump " + grp
 				}
 			}
+			m := newSet(typ, fmt.Sprintf("local pods isolated for %s -> the group judging them", dir), elems)
+			m.isMap = true
 			r.Sets[dispatchMap(dir, v6)] = m
 		}
 	}
@@ -177,16 +199,9 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	for name, as := range rs.AddrSets {
 		pair, ok := rd.prev.addrSets[as]
 		if !ok {
-			v4 := &set{typ: "ipv4_addr", elements: map[string]string{}, comment: "pod peers"}
-			v6 := &set{typ: "ipv6_addr", elements: map[string]string{}, comment: "pod peers"}
-			for _, ip := range as.Addrs {
-				if ip.Is6() {
-					v6.elements[ip.String()] = ""
-				} else {
-					v4.elements[ip.String()] = ""
-				}
-			}
-			pair = [2]*set{v4, v6}
+			base, hasBase := rd.prev.addrSets[as.Prev]
+			pair = renderPair([2]string{"ipv4_addr", "ipv6_addr"}, "pod peers", as, as.Prev, hasBase, base,
+				as.Addrs, as.Added, as.Removed, netip.Addr.Is6, netip.Addr.String)
 		}
 		rd.cur.addrSets[as] = pair
 		r.Sets[name+"-v4"], r.Sets[name+"-v6"] = pair[0], pair[1]
@@ -194,13 +209,16 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	for name, cs := range rs.CIDRSets {
 		s, ok := rd.prev.cidrSets[cs]
 		if !ok {
-			s = &set{typ: "ipv4_addr", interval: true, elements: map[string]string{}, comment: "ipBlock"}
-			if cs.IPv6 {
-				s.typ = "ipv6_addr"
-			}
+			elems := map[string]string{}
 			for _, p := range cs.Prefixes {
-				s.elements[prefixElement(p)] = ""
+				elems[prefixElement(p)] = ""
 			}
+			typ := "ipv4_addr"
+			if cs.IPv6 {
+				typ = "ipv6_addr"
+			}
+			s = newSet(typ, "ipBlock", elems)
+			s.interval = true
 		}
 		rd.cur.cidrSets[cs] = s
 		r.Sets[name] = s
@@ -208,22 +226,58 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	for name, ns := range rs.NamedPortSets {
 		pair, ok := rd.prev.namedSets[ns]
 		if !ok {
-			v4 := &set{typ: "ipv4_addr . inet_service", elements: map[string]string{}, comment: "named port"}
-			v6 := &set{typ: "ipv6_addr . inet_service", elements: map[string]string{}, comment: "named port"}
-			for _, e := range ns.Entries {
-				key := e.Addr().String() + " . " + strconv.Itoa(int(e.Port()))
-				if e.Addr().Is6() {
-					v6.elements[key] = ""
-				} else {
-					v4.elements[key] = ""
-				}
-			}
-			pair = [2]*set{v4, v6}
+			base, hasBase := rd.prev.namedSets[ns.Prev]
+			pair = renderPair([2]string{"ipv4_addr . inet_service", "ipv6_addr . inet_service"}, "named port", ns, ns.Prev, hasBase, base,
+				ns.Entries, ns.Added, ns.Removed, func(e netip.AddrPort) bool { return e.Addr().Is6() },
+				func(e netip.AddrPort) string { return e.Addr().String() + " . " + strconv.Itoa(int(e.Port())) })
 		}
 		rd.cur.namedSets[ns] = pair
 		r.Sets[name+"-v4"], r.Sets[name+"-v6"] = pair[0], pair[1]
 	}
 	return r
+}
+
+// renderPair renders one family-mixed peer set as an IPv4 and an IPv6 set. When the value
+// it replaced was rendered last time (base), only the difference is formatted; the full
+// element lists are produced lazily.
+func renderPair[T any, P comparable](types [2]string, comment string, src any, prev P, hasBase bool, base [2]*set,
+	all, added, removed []T, is6 func(T) bool, format func(T) string) [2]*set {
+	var pair [2]*set
+	for fam := 0; fam < 2; fam++ {
+		v6 := fam == 1
+		s := &set{typ: types[fam], comment: comment, src: src}
+		s.materialize = func() map[string]string {
+			m := map[string]string{}
+			for _, v := range all {
+				if is6(v) == v6 {
+					m[format(v)] = ""
+				}
+			}
+			return m
+		}
+		if hasBase {
+			s.base = any(prev)
+			for _, v := range added {
+				if is6(v) == v6 {
+					s.added = append(s.added, format(v))
+				}
+			}
+			for _, v := range removed {
+				if is6(v) == v6 {
+					s.removed = append(s.removed, format(v))
+				}
+			}
+			s.count = base[fam].count + len(s.added) - len(s.removed)
+		} else {
+			for _, v := range all {
+				if is6(v) == v6 {
+					s.count++
+				}
+			}
+		}
+		pair[fam] = s
+	}
+	return pair
 }
 
 func prefixElement(p netip.Prefix) string {

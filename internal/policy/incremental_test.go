@@ -3,6 +3,7 @@ package policy_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"reflect"
 	"testing"
 
@@ -98,8 +99,37 @@ func TestIncrementalCompileEqualsFresh(t *testing.T) {
 		st = next
 		got, _ := c.Compile(st)
 		want, _ := policy.Compile(st, spec.LocalNode)
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("step %d (%s): incremental compile differs from a fresh one", step, what)
+		for name, as := range got.AddrSets {
+			if as.Prev == nil {
+				continue
+			}
+			m := map[netip.Addr]bool{}
+			for _, a := range as.Prev.Addrs {
+				m[a] = true
+			}
+			for _, a := range as.Removed {
+				if !m[a] {
+					t.Fatalf("step %d: set %s removes %s, which the previous version lacks", step, name, a)
+				}
+				delete(m, a)
+			}
+			for _, a := range as.Added {
+				if m[a] {
+					t.Fatalf("step %d: set %s adds %s, which the previous version has", step, name, a)
+				}
+				m[a] = true
+			}
+			if len(m) != len(as.Addrs) {
+				t.Fatalf("step %d: set %s: previous version plus delta has %d addresses, want %d", step, name, len(m), len(as.Addrs))
+			}
+			for _, a := range as.Addrs {
+				if !m[a] {
+					t.Fatalf("step %d: set %s: delta misses %s", step, name, a)
+				}
+			}
+		}
+		if !reflect.DeepEqual(content(got), content(want)) {
+			t.Fatalf("step %d (%s): incremental compile differs from a fresh one:\n%s", step, what, describeDiff(got, want))
 		}
 	}
 }
@@ -111,4 +141,40 @@ func sortedStrings(s []string) []string {
 		}
 	}
 	return s
+}
+
+// content strips the version links, which only an incremental compile has.
+func content(rs *policy.Ruleset) *policy.Ruleset {
+	out := *rs
+	out.AddrSets = map[string]*policy.AddrSet{}
+	for k, v := range rs.AddrSets {
+		out.AddrSets[k] = &policy.AddrSet{Addrs: v.Addrs}
+	}
+	out.NamedPortSets = map[string]*policy.NamedPortSet{}
+	for k, v := range rs.NamedPortSets {
+		out.NamedPortSets[k] = &policy.NamedPortSet{Entries: v.Entries}
+	}
+	return &out
+}
+
+func describeDiff(a, b *policy.Ruleset) string {
+	out := ""
+	for k, v := range a.AddrSets {
+		if w, ok := b.AddrSets[k]; !ok || !reflect.DeepEqual(v.Addrs, w.Addrs) {
+			out += fmt.Sprintf("addrset %s: %v vs %v\n", k, v.Addrs, w)
+		}
+	}
+	if !reflect.DeepEqual(a.Dispatch, b.Dispatch) {
+		out += "dispatch\n"
+	}
+	if !reflect.DeepEqual(a.Groups, b.Groups) {
+		out += "groups\n"
+	}
+	if !reflect.DeepEqual(a.Policies, b.Policies) {
+		out += "policies\n"
+	}
+	if len(a.AddrSets) != len(b.AddrSets) {
+		out += "addrset count\n"
+	}
+	return out
 }

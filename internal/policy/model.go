@@ -51,7 +51,14 @@ type Ruleset struct {
 // an unchanged pointer as unchanged content and skip work, which keeps incremental syncs small.
 
 // AddrSet is a sorted list of pod IPs, both families.
-type AddrSet struct{ Addrs []netip.Addr }
+type AddrSet struct {
+	Addrs []netip.Addr
+	// Prev is the version this one replaced, and Added and Removed the difference from it, so
+	// a consumer that handled Prev can apply just the difference. Only the newest link is
+	// kept: when a version is itself replaced, the compiler clears its Prev and delta.
+	Prev           *AddrSet
+	Added, Removed []netip.Addr
+}
 
 // CIDRSet is an ipBlock as disjoint prefixes of one family.
 type CIDRSet struct {
@@ -59,8 +66,12 @@ type CIDRSet struct {
 	Prefixes []netip.Prefix
 }
 
-// NamedPortSet is a sorted list of (pod IP, port) pairs.
-type NamedPortSet struct{ Entries []netip.AddrPort }
+// NamedPortSet is a sorted list of (pod IP, port) pairs, with the same version link as AddrSet.
+type NamedPortSet struct {
+	Entries        []netip.AddrPort
+	Prev           *NamedPortSet
+	Added, Removed []netip.AddrPort
+}
 
 // Group is a set of policies that jointly judge one direction for some pods.
 type Group struct {

@@ -47,16 +47,37 @@ func (d addrSetDef) matches(pi *podInfo, nsLabels map[string]labels.Set) bool {
 type addrSetState struct {
 	def       addrSetDef
 	members   map[string][]netip.Addr // pod key -> its IPs
+	content   *multiset[netip.Addr]
 	published *AddrSet
 }
 
-func (s *addrSetState) publish() {
-	var ips []netip.Addr
-	for _, m := range s.members {
-		ips = append(ips, m...)
+func newAddrSetState(d addrSetDef) *addrSetState {
+	return &addrSetState{def: d, members: map[string][]netip.Addr{}, content: newMultiset(netip.Addr.Compare)}
+}
+
+func (s *addrSetState) setMember(key string, ips []netip.Addr) {
+	for _, ip := range s.members[key] {
+		s.content.remove(ip)
 	}
-	slices.SortFunc(ips, netip.Addr.Compare)
-	s.published = &AddrSet{Addrs: slices.Compact(ips)}
+	if ips == nil {
+		delete(s.members, key)
+	} else {
+		s.members[key] = ips
+	}
+	for _, ip := range ips {
+		s.content.add(ip)
+	}
+}
+
+func (s *addrSetState) publish() {
+	next := &AddrSet{Addrs: cloneOrNil(s.content.sorted)}
+	if prev := s.published; prev != nil {
+		next.Prev = prev
+		next.Added, next.Removed = s.content.takeDelta()
+		prev.Prev, prev.Added, prev.Removed = nil, nil, nil
+	}
+	s.content.takeDelta()
+	s.published = next
 }
 
 // namedSetDef defines the (pod IP, port) pairs a named port resolves to for one protocol.
@@ -88,16 +109,107 @@ func (d namedSetDef) entries(pi *podInfo) []netip.AddrPort {
 type namedSetState struct {
 	def       namedSetDef
 	members   map[string][]netip.AddrPort
+	content   *multiset[netip.AddrPort]
 	published *NamedPortSet
 }
 
-func (s *namedSetState) publish() {
-	var entries []netip.AddrPort
-	for _, m := range s.members {
-		entries = append(entries, m...)
+func newNamedSetState(d namedSetDef) *namedSetState {
+	return &namedSetState{def: d, members: map[string][]netip.AddrPort{}, content: newMultiset(netip.AddrPort.Compare)}
+}
+
+func (s *namedSetState) setMember(key string, entries []netip.AddrPort) {
+	for _, e := range s.members[key] {
+		s.content.remove(e)
 	}
-	slices.SortFunc(entries, netip.AddrPort.Compare)
-	s.published = &NamedPortSet{Entries: slices.Compact(entries)}
+	if entries == nil {
+		delete(s.members, key)
+	} else {
+		s.members[key] = entries
+	}
+	for _, e := range entries {
+		s.content.add(e)
+	}
+}
+
+func (s *namedSetState) publish() {
+	next := &NamedPortSet{Entries: cloneOrNil(s.content.sorted)}
+	if prev := s.published; prev != nil {
+		next.Prev = prev
+		next.Added, next.Removed = s.content.takeDelta()
+		prev.Prev, prev.Added, prev.Removed = nil, nil, nil
+	}
+	s.content.takeDelta()
+	s.published = next
+}
+
+// multiset keeps a sorted list of distinct values with a count each (two pods can briefly
+// share an IP), and the values that appeared or disappeared since the last takeDelta.
+type multiset[T comparable] struct {
+	cmp            func(a, b T) int
+	count          map[T]int
+	sorted         []T
+	added, removed map[T]bool
+}
+
+func newMultiset[T comparable](cmp func(a, b T) int) *multiset[T] {
+	return &multiset[T]{cmp: cmp, count: map[T]int{}, added: map[T]bool{}, removed: map[T]bool{}}
+}
+
+func (m *multiset[T]) add(v T) {
+	m.count[v]++
+	if m.count[v] > 1 {
+		return
+	}
+	i, _ := slices.BinarySearchFunc(m.sorted, v, m.cmp)
+	m.sorted = slices.Insert(m.sorted, i, v)
+	if m.removed[v] {
+		delete(m.removed, v)
+	} else {
+		m.added[v] = true
+	}
+}
+
+func (m *multiset[T]) remove(v T) {
+	if m.count[v]--; m.count[v] > 0 {
+		return
+	}
+	delete(m.count, v)
+	if i, ok := slices.BinarySearchFunc(m.sorted, v, m.cmp); ok {
+		m.sorted = slices.Delete(m.sorted, i, i+1)
+	}
+	if m.added[v] {
+		delete(m.added, v)
+	} else {
+		m.removed[v] = true
+	}
+}
+
+// build fills an empty multiset in one sort, where adding values one by one would move the
+// sorted slice for each.
+func (m *multiset[T]) build(values []T) {
+	for _, v := range values {
+		m.count[v]++
+	}
+	m.sorted = slices.Clone(values)
+	slices.SortFunc(m.sorted, m.cmp)
+	m.sorted = slices.Compact(m.sorted)
+}
+
+func (m *multiset[T]) dirty() bool { return len(m.added)+len(m.removed) > 0 }
+
+// takeDelta returns and forgets the pending difference, each side sorted.
+func (m *multiset[T]) takeDelta() (added, removed []T) {
+	for v := range m.added {
+		added = append(added, v)
+	}
+	for v := range m.removed {
+		removed = append(removed, v)
+	}
+	slices.SortFunc(added, m.cmp)
+	slices.SortFunc(removed, m.cmp)
+	clear(m.added)
+	clear(m.removed)
+	return added, removed
 }
 
 // podIndex finds candidate pods for a selector when a set is computed from scratch.
@@ -151,7 +263,7 @@ func (ix *podIndex) matchNamespaces(p *parsedSelector, nsLabels map[string]label
 // computeAddrSet evaluates a set from scratch, walking the smaller of the pods the pod
 // selector narrows to and the pods of the matching namespaces.
 func (cc *Compiler) computeAddrSet(d addrSetDef, ix *podIndex) *addrSetState {
-	st := &addrSetState{def: d, members: map[string][]netip.Addr{}}
+	st := newAddrSetState(d)
 	var cands []*podInfo
 	if d.nsSel == nil {
 		if nsIx := ix.byNS[d.policyNS]; nsIx != nil {
@@ -175,12 +287,14 @@ func (cc *Compiler) computeAddrSet(d addrSetDef, ix *podIndex) *addrSetState {
 			}
 		}
 	}
+	var all []netip.Addr
 	for _, pi := range cands {
 		if d.matches(pi, cc.nsLabels) {
 			st.members[pi.key] = pi.ips
+			all = append(all, pi.ips...)
 		}
 	}
-	st.publish()
+	st.content.build(all)
 	return st
 }
 
@@ -203,26 +317,31 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 	for name, d := range addrDefs {
 		st := cc.addrSets[name]
 		if st == nil || bulk || (nsChanged && d.nsSel != nil) {
-			st = cc.computeAddrSet(d, index())
+			fresh := cc.computeAddrSet(d, index())
 			recomputed++
+			if st == nil {
+				fresh.publish()
+				st = fresh
+			} else {
+				// Recomputed from scratch, but published as a difference from what the
+				// previous version held.
+				st.replaceWith(fresh)
+			}
 		} else {
-			dirty := false
 			for _, ch := range changes {
 				old, was := st.members[ch.key]
 				now := ch.new != nil && d.matches(ch.new, cc.nsLabels)
 				switch {
 				case was && now && slices.Equal(old, ch.new.ips):
 				case now:
-					st.members[ch.key] = ch.new.ips
-					dirty = true
+					st.setMember(ch.key, ch.new.ips)
 				case was:
-					delete(st.members, ch.key)
-					dirty = true
+					st.setMember(ch.key, nil)
 				}
 			}
-			if dirty {
-				st.publish()
-			}
+		}
+		if st.content.dirty() {
+			st.publish()
 		}
 		addr[name] = st
 		rs.AddrSets[name] = st.published
@@ -233,16 +352,23 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 	for name, d := range namedDefs {
 		st := cc.namedSets[name]
 		if st == nil || bulk {
-			st = &namedSetState{def: d, members: map[string][]netip.AddrPort{}}
+			fresh := newNamedSetState(d)
+			var all []netip.AddrPort
 			for _, pi := range index().byPortName[d.portName] {
 				if e := d.entries(pi); len(e) > 0 {
-					st.members[pi.key] = e
+					fresh.members[pi.key] = e
+					all = append(all, e...)
 				}
 			}
-			st.publish()
+			fresh.content.build(all)
 			recomputed++
+			if st == nil {
+				fresh.publish()
+				st = fresh
+			} else {
+				st.replaceWith(fresh)
+			}
 		} else {
-			dirty := false
 			for _, ch := range changes {
 				old, was := st.members[ch.key]
 				var now []netip.AddrPort
@@ -252,16 +378,14 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 				switch {
 				case was && slices.Equal(old, now):
 				case len(now) > 0:
-					st.members[ch.key] = now
-					dirty = true
+					st.setMember(ch.key, now)
 				case was:
-					delete(st.members, ch.key)
-					dirty = true
+					st.setMember(ch.key, nil)
 				}
 			}
-			if dirty {
-				st.publish()
-			}
+		}
+		if st.content.dirty() {
+			st.publish()
 		}
 		named[name] = st
 		rs.NamedPortSets[name] = st.published
@@ -274,4 +398,40 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 		}
 	}
 	return recomputed
+}
+
+// replaceWith takes fresh's members while recording the difference from the current content.
+func (s *addrSetState) replaceWith(fresh *addrSetState) {
+	for key := range s.members {
+		if _, ok := fresh.members[key]; !ok {
+			s.setMember(key, nil)
+		}
+	}
+	for key, ips := range fresh.members {
+		if !slices.Equal(s.members[key], ips) {
+			s.setMember(key, ips)
+		}
+	}
+	s.def = fresh.def
+}
+
+func (s *namedSetState) replaceWith(fresh *namedSetState) {
+	for key := range s.members {
+		if _, ok := fresh.members[key]; !ok {
+			s.setMember(key, nil)
+		}
+	}
+	for key, e := range fresh.members {
+		if !slices.Equal(s.members[key], e) {
+			s.setMember(key, e)
+		}
+	}
+	s.def = fresh.def
+}
+
+func cloneOrNil[T any](s []T) []T {
+	if len(s) == 0 {
+		return nil
+	}
+	return slices.Clone(s)
 }

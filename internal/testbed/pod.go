@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -55,10 +56,17 @@ func sanitize(s string) string {
 	return out
 }
 
-// AddPod creates a pod netns connected to the node, allocates the next free
-// IPs from the pod CIDRs, sets lo up, installs default routes via the node
-// IPs and starts the pod's servers.
-func (b *Bed) AddPod(namespace, name string) (*Pod, error) {
+// AddPod creates a pod netns connected to the local node, allocates the next
+// free IPs from the pod CIDRs, sets lo up, installs default routes via the
+// node IPs and starts the pod's servers.
+func (b *Bed) AddPod(namespace, name string) (*Pod, error) { return b.local.AddPod(namespace, name) }
+
+// AddPod creates a pod netns connected to node n, wired like the local
+// node's pods (per the bed's Topology), with the next free IPs from n's pod
+// CIDRs, default routes via n's node IPs and its servers started.
+// Namespace/name must be unique across all nodes of the bed.
+func (n *Node) AddPod(namespace, name string) (*Pod, error) {
+	b := n.bed
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
 
@@ -67,11 +75,13 @@ func (b *Bed) AddPod(namespace, name string) (*Pod, error) {
 		b.mu.Unlock()
 		return nil, errors.New("testbed: bed is closed")
 	}
-	for _, p := range b.pods {
-		if p.Namespace == namespace && p.Name == name {
-			b.mu.Unlock()
-			return nil, fmt.Errorf("testbed: pod %s/%s already exists", namespace, name)
-		}
+	if n.removed {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("testbed: node %s was removed", n.Name)
+	}
+	if b.findPodLocked(namespace, name) != nil {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("testbed: pod %s/%s already exists", namespace, name)
 	}
 	b.podSeq++
 	seq := b.podSeq
@@ -80,14 +90,15 @@ func (b *Bed) AddPod(namespace, name string) (*Pod, error) {
 		Name:       name,
 		NetNSName:  fmt.Sprintf("%s-p%d-%s-%s", b.id, seq, sanitize(namespace), sanitize(name)),
 		HostIfName: fmt.Sprintf("tbv%d", seq),
+		node:       n,
 		ns:         netns.None(),
 	}
 	var err error
 	if b.cfg.IPv4 {
-		p.IPv4, err = b.allocIP(b.cfg.PodCIDRv4)
+		p.IPv4, err = b.allocIP(n.PodCIDRv4)
 	}
 	if err == nil && b.cfg.IPv6 {
-		p.IPv6, err = b.allocIP(b.cfg.PodCIDRv6)
+		p.IPv6, err = b.allocIP(n.PodCIDRv6)
 	}
 	b.mu.Unlock()
 
@@ -98,12 +109,26 @@ func (b *Bed) AddPod(namespace, name string) (*Pod, error) {
 		return nil, errors.Join(fmt.Errorf("testbed: adding pod %s/%s: %w", namespace, name, err), b.teardownPod(p))
 	}
 	b.mu.Lock()
-	b.pods = append(b.pods, p)
+	n.pods = append(n.pods, p)
 	b.mu.Unlock()
 	return p, nil
 }
 
+// findPodLocked returns the pod namespace/name on any node, or nil. Caller
+// holds b.mu.
+func (b *Bed) findPodLocked(namespace, name string) *Pod {
+	for _, n := range append([]*Node{b.local}, b.nodes...) {
+		for _, p := range n.pods {
+			if p.Namespace == namespace && p.Name == name {
+				return p
+			}
+		}
+	}
+	return nil
+}
+
 func (b *Bed) setupPod(p *Pod) error {
+	n := p.node
 	var err error
 	p.ns, err = createNamedNetNS(p.NetNSName)
 	if err != nil {
@@ -136,23 +161,23 @@ func (b *Bed) setupPod(p *Pod) error {
 		PeerHardwareAddr: podMAC,
 		PeerNamespace:    netlink.NsFd(int(p.ns)),
 	}
-	if err := b.nodeH.LinkAdd(veth); err != nil {
+	if err := n.h.LinkAdd(veth); err != nil {
 		return fmt.Errorf("add veth %s: %w", p.HostIfName, err)
 	}
-	host, err := b.nodeH.LinkByName(p.HostIfName)
+	host, err := n.h.LinkByName(p.HostIfName)
 	if err != nil {
 		return err
 	}
 	if b.cfg.Topology == Bridge {
-		br, err := b.nodeH.LinkByName(bridgeIfName)
+		br, err := n.h.LinkByName(bridgeIfName)
 		if err != nil {
 			return err
 		}
-		if err := b.nodeH.LinkSetMaster(host, br); err != nil {
+		if err := n.h.LinkSetMaster(host, br); err != nil {
 			return fmt.Errorf("enslave %s to %s: %w", p.HostIfName, bridgeIfName, err)
 		}
 	}
-	if err := b.nodeH.LinkSetUp(host); err != nil {
+	if err := n.h.LinkSetUp(host); err != nil {
 		return fmt.Errorf("set %s up: %w", p.HostIfName, err)
 	}
 
@@ -163,7 +188,7 @@ func (b *Bed) setupPod(p *Pod) error {
 	for _, ip := range ips {
 		bits := ip.BitLen()
 		if b.cfg.Topology == Bridge {
-			bits = b.cidr(ip).Bits()
+			bits = n.cidr(ip).Bits()
 		}
 		if err := addAddr(podH, eth, netip.PrefixFrom(ip, bits)); err != nil {
 			return err
@@ -174,7 +199,7 @@ func (b *Bed) setupPod(p *Pod) error {
 	}
 
 	for _, ip := range ips {
-		gw := b.NodeIP(family(ip))
+		gw := n.NodeIP(family(ip))
 		r := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw.AsSlice()}
 		if b.cfg.Topology == Routed {
 			r.Flags = int(netlink.FLAG_ONLINK)
@@ -189,10 +214,10 @@ func (b *Bed) setupPod(p *Pod) error {
 				Dst:       prefixToIPNet(netip.PrefixFrom(ip, ip.BitLen())),
 				Scope:     netlink.SCOPE_LINK,
 			}
-			if err := b.nodeH.RouteAdd(hr); err != nil {
+			if err := n.h.RouteAdd(hr); err != nil {
 				return fmt.Errorf("node route to %s: %w", ip, err)
 			}
-			if err := b.nodeH.NeighAdd(permNeigh(host.Attrs().Index, ip, podMAC)); err != nil {
+			if err := n.h.NeighAdd(permNeigh(host.Attrs().Index, ip, podMAC)); err != nil {
 				return fmt.Errorf("node neighbour %s: %w", ip, err)
 			}
 		}
@@ -201,14 +226,14 @@ func (b *Bed) setupPod(p *Pod) error {
 		}
 	}
 
-	if err := waitLinkReady(b.nodeH, p.HostIfName); err != nil {
+	if err := waitLinkReady(n.h, p.HostIfName); err != nil {
 		return err
 	}
 	if err := waitLinkReady(podH, podIfName); err != nil {
 		return err
 	}
 	if b.cfg.Topology == Bridge {
-		if err := waitLinkReady(b.nodeH, bridgeIfName); err != nil {
+		if err := waitLinkReady(n.h, bridgeIfName); err != nil {
 			return err
 		}
 	}
@@ -243,24 +268,42 @@ func prefixToIPNet(p netip.Prefix) *net.IPNet {
 }
 
 // RemovePod stops the pod's servers, deletes its veth and netns and releases
-// its IPs.
+// its IPs. The pod may be on any node of the bed.
 func (b *Bed) RemovePod(p *Pod) error {
+	if p.node == nil || p.node.bed != b {
+		return fmt.Errorf("testbed: pod %s/%s not in bed", p.Namespace, p.Name)
+	}
+	found, err := p.node.removePod(p)
+	if !found {
+		return fmt.Errorf("testbed: pod %s/%s not in bed", p.Namespace, p.Name)
+	}
+	return err
+}
+
+// RemovePod stops the pod's servers, deletes its veth and netns and releases
+// its IPs. The pod must be on node n.
+func (n *Node) RemovePod(p *Pod) error {
+	found, err := n.removePod(p)
+	if !found {
+		return fmt.Errorf("testbed: pod %s/%s not on node %s", p.Namespace, p.Name, n.Name)
+	}
+	return err
+}
+
+// removePod reports whether p was one of n's pods, and the teardown error.
+func (n *Node) removePod(p *Pod) (bool, error) {
+	b := n.bed
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
 	b.mu.Lock()
-	i := -1
-	for j, q := range b.pods {
-		if q == p {
-			i = j
-		}
-	}
+	i := slices.Index(n.pods, p)
 	if i < 0 {
 		b.mu.Unlock()
-		return fmt.Errorf("testbed: pod %s/%s not in bed", p.Namespace, p.Name)
+		return false, nil
 	}
-	b.pods = append(b.pods[:i:i], b.pods[i+1:]...)
+	n.pods = append(n.pods[:i:i], n.pods[i+1:]...)
 	b.mu.Unlock()
-	return b.teardownPod(p)
+	return true, b.teardownPod(p)
 }
 
 // teardownPod releases everything setupPod may have created. Caller holds opMu.
@@ -272,9 +315,9 @@ func (b *Bed) teardownPod(p *Pod) error {
 	}
 	// Deleting the host side synchronously removes both veth ends together
 	// with their routes/neighbours; netns teardown alone is asynchronous.
-	if b.nodeH != nil && p.HostIfName != "" {
-		if l, err := b.nodeH.LinkByName(p.HostIfName); err == nil {
-			if err := b.nodeH.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+	if h := p.node.h; h != nil && p.HostIfName != "" {
+		if l, err := h.LinkByName(p.HostIfName); err == nil {
+			if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 				errs = append(errs, fmt.Errorf("delete %s: %w", p.HostIfName, err))
 			}
 		}

@@ -29,8 +29,10 @@ const (
 	SCTP Protocol = "SCTP"
 )
 
-// A Probe is one connection attempt. Src is a pod, or nil meaning "from the
-// node netns itself". Dst is usually a pod IP; it may also be a node IP.
+// A Probe is one connection attempt. Src is a pod on any node of the bed, or
+// nil meaning "from the node netns itself" (the local node for Bed.Probe,
+// node n for n.Probe). Dst is usually a pod IP; it may also be a node IP or
+// a node's underlay IP, on any node.
 type Probe struct {
 	Src      *Pod
 	Dst      netip.Addr
@@ -65,6 +67,11 @@ func (b *Bed) Probe(ctx context.Context, p Probe) bool {
 // ProbeResult is Probe, also returning why a probe failed (for debugging).
 // The error is nil iff the probe succeeded.
 func (b *Bed) ProbeResult(ctx context.Context, p Probe) (bool, error) {
+	return b.probe(ctx, b.local, p)
+}
+
+// probe runs p; a nil p.Src means node n.
+func (b *Bed) probe(ctx context.Context, n *Node, p Probe) (bool, error) {
 	timeout := b.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout
@@ -78,14 +85,14 @@ func (b *Bed) ProbeResult(ctx context.Context, p Probe) (bool, error) {
 	}
 	var src netip.Addr
 	if p.Src == nil {
-		src = b.NodeIP(family(dst))
+		src = n.NodeIP(family(dst))
 	} else {
 		src = p.Src.IP(family(dst))
 	}
 	if !src.IsValid() {
 		return false, fmt.Errorf("source has no IPv%d address", family(dst))
 	}
-	ns, err := b.sourceNS(p.Src)
+	ns, err := b.sourceNS(n, p.Src)
 	if err != nil {
 		return false, err
 	}
@@ -103,15 +110,16 @@ func (b *Bed) ProbeResult(ctx context.Context, p Probe) (bool, error) {
 	return err == nil, err
 }
 
-// sourceNS returns a private duplicate of the source's netns handle, so that
-// a concurrent RemovePod/Close cannot invalidate it mid-probe.
-func (b *Bed) sourceNS(src *Pod) (netns.NsHandle, error) {
+// sourceNS returns a private duplicate of the source's netns handle (src, or
+// node n if src is nil), so that a concurrent RemovePod/RemoveNode/Close
+// cannot invalidate it mid-probe.
+func (b *Bed) sourceNS(n *Node, src *Pod) (netns.NsHandle, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
 		return netns.None(), errors.New("bed is closed")
 	}
-	h := b.nodeNS
+	h := n.ns
 	if src != nil {
 		h = src.ns
 	}
@@ -139,12 +147,16 @@ func (b *Bed) ProbeAll(ctx context.Context, probes []Probe) []bool {
 // ProbeAllResults is ProbeAll returning, for each probe, nil on success or
 // the reason it failed.
 func (b *Bed) ProbeAllResults(ctx context.Context, probes []Probe) []error {
+	return b.probeAll(ctx, b.local, probes)
+}
+
+func (b *Bed) probeAll(ctx context.Context, n *Node, probes []Probe) []error {
 	res := make([]error, len(probes))
-	n := b.Concurrency
-	if n <= 0 {
-		n = DefaultConcurrency
+	conc := b.Concurrency
+	if conc <= 0 {
+		conc = DefaultConcurrency
 	}
-	sem := make(chan struct{}, n)
+	sem := make(chan struct{}, conc)
 	var wg sync.WaitGroup
 	for i := range probes {
 		sem <- struct{}{}
@@ -152,7 +164,7 @@ func (b *Bed) ProbeAllResults(ctx context.Context, probes []Probe) []error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			_, res[i] = b.ProbeResult(ctx, probes[i])
+			_, res[i] = b.probe(ctx, n, probes[i])
 		}()
 	}
 	wg.Wait()

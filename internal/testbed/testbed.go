@@ -1,6 +1,7 @@
-// Package testbed simulates a single Kubernetes node with pods as Linux
-// network namespaces, for testing a NetworkPolicy agent that programs
-// nftables inside the node's network namespace.
+// Package testbed simulates a Kubernetes node (and optionally further nodes
+// of its cluster) with pods as Linux network namespaces, for testing a
+// NetworkPolicy agent that programs nftables inside the node's network
+// namespace.
 //
 // A Bed owns a "node" netns and one netns per pod, connected by veth pairs
 // either in a routed (ptp) or a bridged layout. Every pod (and the node) runs
@@ -13,6 +14,15 @@
 //     passed to the IP hooks by br_netfilter)
 //   - pod -> node IP: input hook; node -> pod: output hook
 //
+// Multi-node: AddNode adds further full nodes (own netns, pod CIDRs, node
+// IPs, servers, same topology) joined with the bed's own ("local") node
+// through an underlay netns holding a bridge. Each node has an uplink veth
+// (UplinkIfName) on it and routes every other node's pod CIDRs via that
+// node's underlay address, without NAT. A pod on one node talking to a pod
+// on another crosses the forward hook of both nodes: egress on the source
+// node, ingress on the destination node. Probes work from and to pods of
+// any node (Node.Probe also from the node netns itself).
+//
 // Probe semantics: TCP succeeds when the connection is established and a
 // 16-byte token is echoed back; UDP when a token is echoed back (resent every
 // 100ms); SCTP when the raw-socket receiver in the destination netns sees our
@@ -20,7 +30,8 @@
 // therefore only tests the INIT direction (no INIT-ACK is ever sent: the
 // kernel needs no SCTP support).
 //
-// Namespaces are named "nwtb-<6 hex>-node" and "nwtb-<6 hex>-p<N>-<ns>-<name>"
+// Namespaces are named "nwtb-<6 hex>-node", "nwtb-<6 hex>-p<N>-<ns>-<name>",
+// and with extra nodes "nwtb-<6 hex>-n<K>-<node>" and "nwtb-<6 hex>-underlay",
 // and bind-mounted under /var/run/netns, so `ip netns exec` and
 // `nft` work on them. Nothing is ever configured in the caller's (root)
 // network namespace. Everything requires root (CAP_SYS_ADMIN + CAP_NET_ADMIN).
@@ -34,7 +45,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -100,22 +110,25 @@ type Bed struct {
 	// (default DefaultConcurrency).
 	Concurrency int
 
-	cfg      Config
-	id       string // "nwtb-<6 hex>"
-	nodeName string
-	nodeNS   netns.NsHandle
-	nodeH    *netlink.Handle
-	nodeIPs  []netip.Addr
-	nodeSrv  *servers
+	cfg   Config
+	id    string // "nwtb-<6 hex>"
+	local *Node  // the bed's own node (where the agent under test runs)
 
-	opMu   sync.Mutex // serialises AddPod/RemovePod/Close
-	mu     sync.RWMutex
-	pods   []*Pod
-	usedIP map[netip.Addr]bool
-	podSeq int
-	closed bool
+	opMu    sync.Mutex // serialises AddPod/RemovePod/AddNode/RemoveNode/Close
+	mu      sync.RWMutex
+	nodes   []*Node // extra nodes, in creation order
+	nodeSeq int     // number of extra nodes ever added
+	usedIP  map[netip.Addr]bool
+	podSeq  int
+	closed  bool
 	// namespaces created and not yet deleted (for Close after partial failure)
 	nsNames map[string]bool
+	// ul is the underlay joining the nodes; nil until the first AddNode.
+	// Guarded by opMu.
+	ul *underlay
+	// testHookAttached, if set, runs at the end of AddNode (tests inject
+	// failures with it). Guarded by opMu.
+	testHookAttached func(*Node) error
 
 	closeOnce sync.Once
 	closeErr  error
@@ -130,11 +143,12 @@ type Pod struct {
 	Namespace, Name string
 	IPv4, IPv6      netip.Addr // zero value if that family is disabled
 	NetNSName       string
-	// HostIfName is the name of the host-side veth in the node netns.
+	// HostIfName is the name of the host-side veth in its node's netns.
 	HostIfName string
 
-	ns  netns.NsHandle
-	srv *servers
+	node *Node
+	ns   netns.NsHandle
+	srv  *servers
 }
 
 // IPs returns the pod's addresses, IPv4 first.
@@ -215,7 +229,6 @@ func New(cfg Config) (*Bed, error) {
 		Timeout:     DefaultTimeout,
 		Concurrency: DefaultConcurrency,
 		cfg:         cfg,
-		nodeNS:      netns.None(),
 		id:          "nwtb-" + hex.EncodeToString(rnd[:]),
 		usedIP:      map[netip.Addr]bool{},
 		nsNames:     map[string]bool{},
@@ -225,101 +238,11 @@ func New(cfg Config) (*Bed, error) {
 	for _, p := range cfg.SCTPPorts {
 		b.sctpPorts[p] = true
 	}
-	b.nodeName = b.id + "-node"
-	if err := b.setupNode(); err != nil {
-		return nil, errors.Join(fmt.Errorf("testbed: setting up node %s: %w", b.nodeName, err), b.Close())
+	b.local = b.newNode(0, LocalNodeName, b.id+"-node", cfg.PodCIDRv4, cfg.PodCIDRv6)
+	if err := b.local.setup(nil); err != nil {
+		return nil, errors.Join(fmt.Errorf("testbed: setting up node %s: %w", b.local.NetNSName, err), b.Close())
 	}
 	return b, nil
-}
-
-func (b *Bed) setupNode() error {
-	var err error
-	b.nodeNS, err = createNamedNetNS(b.nodeName)
-	if err != nil {
-		return err
-	}
-	b.nsNames[b.nodeName] = true
-
-	ctls := []sysctl{
-		{"net.ipv4.ip_forward", "1"},
-		{"net.ipv6.conf.all.forwarding", "1"},
-		{"net.ipv6.conf.all.accept_dad", "0"},
-		{"net.ipv6.conf.default.accept_dad", "0"},
-		{"net.ipv6.conf.default.accept_ra", "0"},
-		{"net.ipv6.conf.default.router_solicitations", "0"},
-	}
-	if b.cfg.Topology == Bridge {
-		ctls = append(ctls,
-			sysctl{"net.bridge.bridge-nf-call-iptables", "1"},
-			sysctl{"net.bridge.bridge-nf-call-ip6tables", "1"},
-		)
-	}
-	if err := setSysctls(b.nodeNS, ctls); err != nil {
-		return err
-	}
-	b.nodeH, err = netlink.NewHandleAt(b.nodeNS)
-	if err != nil {
-		return fmt.Errorf("netlink handle: %w", err)
-	}
-	if err := linkUp(b.nodeH, "lo"); err != nil {
-		return err
-	}
-
-	if b.cfg.IPv4 {
-		b.nodeIPs = append(b.nodeIPs, b.cfg.PodCIDRv4.Addr().Next())
-	}
-	if b.cfg.IPv6 {
-		b.nodeIPs = append(b.nodeIPs, b.cfg.PodCIDRv6.Addr().Next())
-	}
-	for _, ip := range b.nodeIPs {
-		b.usedIP[ip] = true
-	}
-
-	gwName := gwIfName
-	if b.cfg.Topology == Bridge {
-		gwName = bridgeIfName
-		snoop := false
-		br := &netlink.Bridge{
-			LinkAttrs: netlink.LinkAttrs{
-				Name: bridgeIfName,
-				// A fixed MAC: otherwise the bridge adopts the lowest port
-				// MAC, which changes as pods come and go and would leave
-				// stale gateway ARP/ND entries in the pods.
-				HardwareAddr: b.macFor(0x58, b.nodeIPs[0]),
-			},
-			// Without an MLD querier, snooping can make ND unreliable.
-			MulticastSnooping: &snoop,
-		}
-		if err := b.nodeH.LinkAdd(br); err != nil {
-			return fmt.Errorf("add bridge %s: %w", bridgeIfName, err)
-		}
-	}
-	gwLink, err := b.nodeH.LinkByName(gwName)
-	if err != nil {
-		return err
-	}
-	for _, ip := range b.nodeIPs {
-		bits := ip.BitLen() // routed: host route only
-		if b.cfg.Topology == Bridge {
-			bits = b.cidr(ip).Bits()
-		}
-		if err := addAddr(b.nodeH, gwLink, netip.PrefixFrom(ip, bits)); err != nil {
-			return err
-		}
-	}
-	if err := b.nodeH.LinkSetUp(gwLink); err != nil {
-		return fmt.Errorf("set %s up: %w", gwLink.Attrs().Name, err)
-	}
-
-	b.nodeSrv, err = b.startServers(b.nodeNS, b.nodeIPs)
-	return err
-}
-
-func (b *Bed) cidr(ip netip.Addr) netip.Prefix {
-	if ip.Is4() {
-		return b.cfg.PodCIDRv4
-	}
-	return b.cfg.PodCIDRv6
 }
 
 // macFor derives a stable, locally administered unicast MAC from an IP:
@@ -353,33 +276,27 @@ func addAddr(h *netlink.Handle, l netlink.Link, p netip.Prefix) error {
 	return nil
 }
 
-// Close stops all servers and deletes every namespace the Bed created. It is
-// idempotent and safe to call after a partially failed New or AddPod.
+// Close stops all servers and deletes every namespace the Bed created,
+// including the extra nodes, their pods and the underlay. It is idempotent
+// and safe to call after a partially failed New, AddPod or AddNode.
 func (b *Bed) Close() error {
 	b.closeOnce.Do(func() {
 		b.opMu.Lock()
 		defer b.opMu.Unlock()
 		b.mu.Lock()
 		b.closed = true
-		pods := b.pods
-		b.pods = nil
+		nodes := b.nodes
+		b.nodes = nil
 		b.mu.Unlock()
 
 		var errs []error
-		for _, p := range pods {
-			errs = append(errs, b.teardownPod(p))
+		for _, n := range slices.Backward(nodes) {
+			errs = append(errs, b.teardownNode(n, true))
 		}
-		if b.nodeSrv != nil {
-			b.nodeSrv.close()
+		if b.local != nil {
+			errs = append(errs, b.teardownNode(b.local, true))
 		}
-		if b.nodeH != nil {
-			b.nodeH.Close()
-		}
-		b.mu.Lock()
-		if b.nodeNS.IsOpen() {
-			b.nodeNS.Close()
-		}
-		b.mu.Unlock()
+		errs = append(errs, b.teardownUnderlay())
 		for name := range b.nsNames {
 			if err := deleteNamedNetNS(name); err != nil {
 				errs = append(errs, err)
@@ -400,63 +317,33 @@ func (b *Bed) Config() Config { return b.cfg }
 func (b *Bed) ID() string { return b.id }
 
 // NodeNetNSName returns the node netns name, usable with `ip netns exec`.
-func (b *Bed) NodeNetNSName() string { return b.nodeName }
+func (b *Bed) NodeNetNSName() string { return b.local.NetNSName }
 
 // NodeNetNSPath returns "/var/run/netns/<NodeNetNSName()>".
-func (b *Bed) NodeNetNSPath() string { return filepath.Join(NetNSDir, b.nodeName) }
+func (b *Bed) NodeNetNSPath() string { return b.local.NetNSPath() }
 
 // NodeIPs returns the node's addresses facing the pods (the first address of
 // each enabled pod CIDR, IPv4 first). They are the pods' default gateways.
-func (b *Bed) NodeIPs() []netip.Addr { return slices.Clone(b.nodeIPs) }
+func (b *Bed) NodeIPs() []netip.Addr { return b.local.NodeIPs() }
 
 // NodeIP returns the node IP of the given family (4 or 6), or the zero Addr.
-func (b *Bed) NodeIP(family int) netip.Addr {
-	for _, ip := range b.nodeIPs {
-		if (family == 4) == ip.Is4() {
-			return ip
-		}
-	}
-	return netip.Addr{}
-}
+func (b *Bed) NodeIP(family int) netip.Addr { return b.local.NodeIP(family) }
 
 // InNode runs fn on the calling goroutine with its OS thread locked and
 // switched into the node netns; the original netns is restored afterwards.
 // Processes started by fn (os/exec) inherit the node netns. Goroutines
 // started by fn do NOT run in the node netns.
-func (b *Bed) InNode(fn func() error) error {
-	return inNetNS(b.nodeNS, fn)
-}
+func (b *Bed) InNode(fn func() error) error { return b.local.InNetNS(fn) }
 
 // NodeExec runs a command inside the node netns (like `ip netns exec`, but
 // without remounting /sys) and returns its combined output.
 func (b *Bed) NodeExec(ctx context.Context, name string, args ...string) ([]byte, error) {
-	var out []byte
-	err := inNetNSGo(b.nodeNS, func() error {
-		var err error
-		out, err = exec.CommandContext(ctx, name, args...).CombinedOutput()
-		return err
-	})
-	if err != nil {
-		return out, fmt.Errorf("%s %v in %s: %w: %s", name, args, b.nodeName, err, out)
-	}
-	return out, nil
+	return b.local.Exec(ctx, name, args...)
 }
 
-// Pods returns the current pods in creation order.
-func (b *Bed) Pods() []*Pod {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	return slices.Clone(b.pods)
-}
+// Pods returns the current pods of the local node in creation order (see
+// AllPods for the pods of every node).
+func (b *Bed) Pods() []*Pod { return b.local.Pods() }
 
-// Pod returns the pod with the given namespace and name, or nil.
-func (b *Bed) Pod(namespace, name string) *Pod {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	for _, p := range b.pods {
-		if p.Namespace == namespace && p.Name == name {
-			return p
-		}
-	}
-	return nil
-}
+// Pod returns the local node's pod with the given namespace and name, or nil.
+func (b *Bed) Pod(namespace, name string) *Pod { return b.local.Pod(namespace, name) }

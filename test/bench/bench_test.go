@@ -1,0 +1,335 @@
+// Package bench measures the NetworkPolicy dataplane at the scale the issues set: a synthetic
+// cluster of 5,000 pods (110 on this node), 1,000 namespaces and 10,000 policies. Run it with
+// `make bench`. Each benchmark reports its figures as custom metrics.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/nftables"
+	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testbed"
+)
+
+func requireRoot(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("skipping: kernel benchmark needs root for network namespaces and nftables")
+	}
+}
+
+func newBed(b *testing.B) *testbed.Bed {
+	bed, err := testbed.New(testbed.Config{Topology: testbed.Routed, IPv4: true, TCPPorts: []uint16{80}, UDPPorts: []uint16{}, SCTPPorts: []uint16{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { bed.Close() })
+	return bed
+}
+
+// inNode runs fn with nft commands going to the bed's node network namespace.
+func inNode(b *testing.B, bed *testbed.Bed, fn func() error) {
+	b.Helper()
+	if err := bed.InNode(fn); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// BenchmarkFullSync measures compile plus one transaction that loads the whole table into an
+// empty node.
+func BenchmarkFullSync(b *testing.B) {
+	requireRoot(b)
+	for _, k := range []int{1, 10} {
+		b.Run(fmt.Sprintf("scale=%dx", k), func(b *testing.B) {
+			spec := synth.Default().Scale(k)
+			st := synth.Generate(spec)
+			bed := newBed(b)
+			var compile, apply time.Duration
+			var stats nftables.Stats
+			for b.Loop() {
+				inNode(b, bed, func() error {
+					be, err := nftables.New()
+					if err != nil {
+						return err
+					}
+					if err := be.Cleanup(context.Background()); err != nil {
+						return err
+					}
+					start := time.Now()
+					rs, _ := policy.NewCompiler(spec.LocalNode).Compile(st)
+					r := nftables.Render(rs)
+					compile = time.Since(start)
+					start = time.Now()
+					if _, err := be.FullSyncRendered(context.Background(), r); err != nil {
+						return err
+					}
+					apply = time.Since(start)
+					stats = r.Stats()
+					return nil
+				})
+			}
+			b.ReportMetric(ms(compile), "compile-ms")
+			b.ReportMetric(ms(apply), "apply-ms")
+			b.ReportMetric(ms(compile+apply), "fullsync-ms")
+			b.ReportMetric(float64(stats.Chains), "chains")
+			b.ReportMetric(float64(stats.Rules), "rules")
+			b.ReportMetric(float64(stats.Sets), "sets")
+			b.ReportMetric(float64(stats.Elements), "elements")
+		})
+	}
+}
+
+// change mutates a copy of the state the way one event would.
+type change struct {
+	name  string
+	apply func(st *cluster.State, i int)
+}
+
+func clone(st *cluster.State) *cluster.State {
+	out := cluster.NewState()
+	for k, v := range st.Namespaces {
+		out.Namespaces[k] = v
+	}
+	for k, v := range st.Pods {
+		out.Pods[k] = v
+	}
+	for k, v := range st.Policies {
+		out.Policies[k] = v
+	}
+	return out
+}
+
+var changes = []change{
+	{"pod-added", func(st *cluster.State, i int) {
+		p := st.Pods[cluster.Key("ns-00003", "pod-000003")].DeepCopy()
+		p.Name = fmt.Sprintf("added-%d", i)
+		p.Spec.NodeName = "node-7"
+		p.Status.PodIPs = []corev1.PodIP{{IP: netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)}).String()}}
+		st.Pods[cluster.Key(p.Namespace, p.Name)] = p
+	}},
+	{"label-changed", func(st *cluster.State, i int) {
+		k := cluster.Key("ns-00001", "pod-000001")
+		p := st.Pods[k].DeepCopy()
+		p.Labels["app"] = fmt.Sprintf("app-%d", i%10)
+		st.Pods[k] = p
+	}},
+	{"policy-added", func(st *cluster.State, i int) {
+		tcp := corev1.ProtocolTCP
+		port := intstr.FromInt32(int32(1000 + i))
+		np := &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns-00002", Name: fmt.Sprintf("added-%d", i)},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From:  []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": fmt.Sprintf("team-%d", i%40)}}}},
+					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
+				}},
+			},
+		}
+		cluster.DefaultNetworkPolicy(np)
+		st.Policies[cluster.Key(np.Namespace, np.Name)] = np
+	}},
+}
+
+// BenchmarkIncremental measures single changes on a loaded node, each from the new snapshot to
+// the kernel updated (compile, render, diff and one nft transaction), and the size of that
+// transaction, at 1x and 10x the cluster.
+func BenchmarkIncremental(b *testing.B) {
+	requireRoot(b)
+	for _, k := range []int{1, 10} {
+		spec := synth.Default().Scale(k)
+		base := synth.Generate(spec)
+		for _, ch := range changes {
+			b.Run(fmt.Sprintf("scale=%dx/%s", k, ch.name), func(b *testing.B) {
+				bed := newBed(b)
+				var latencies []time.Duration
+				var ops []int
+				inNode(b, bed, func() error {
+					be, err := nftables.New()
+					if err != nil {
+						return err
+					}
+					c := policy.NewCompiler(spec.LocalNode)
+					rs, _ := c.Compile(base)
+					if _, err := be.FullSync(context.Background(), rs); err != nil {
+						return err
+					}
+					st := base
+					i := 0
+					for b.Loop() {
+						i++
+						next := clone(st)
+						ch.apply(next, i)
+						start := time.Now()
+						rs, _ := c.Compile(next)
+						res, err := be.Sync(context.Background(), rs)
+						if err != nil {
+							return err
+						}
+						latencies = append(latencies, time.Since(start))
+						ops = append(ops, res.Operations)
+						st = next
+					}
+					return be.Verify(context.Background())
+				})
+				slices.Sort(latencies)
+				slices.Sort(ops)
+				b.ReportMetric(ms(latencies[len(latencies)/2]), "p50-ms")
+				b.ReportMetric(ms(latencies[len(latencies)*99/100]), "p99-ms")
+				b.ReportMetric(float64(ops[len(ops)-1]), "max-tx-ops")
+			})
+		}
+	}
+}
+
+// BenchmarkConnRate measures new TCP connections per second from a client pod to a server pod
+// through the node, with no rules and with the whole benchmark cluster's policies loaded. The
+// server's namespace is isolated and the flow is allowed only by the policy that sorts last.
+// The two configurations alternate in the same run; the ratio is what counts.
+func BenchmarkConnRate(b *testing.B) {
+	requireRoot(b)
+	bed := newBed(b)
+	server, err := bed.AddPod("ns-00000", "pod-000000")
+	if err != nil {
+		b.Fatal(err)
+	}
+	client, err := bed.AddPod("ns-00001", "pod-000001")
+	if err != nil {
+		b.Fatal(err)
+	}
+	spec := synth.Default()
+	spec.LocalIPs = []netip.Addr{server.IPv4, client.IPv4}
+	st := synth.Generate(spec)
+	allowLast(st, "ns-00000", "ns-00001")
+	rs, stats := policy.Compile(st, spec.LocalNode)
+	if stats.IsolatedPods == 0 {
+		b.Fatal("no pod isolated")
+	}
+	dst := netip.AddrPortFrom(server.IPv4, 80)
+	if n := connect(b, client, dst, 300*time.Millisecond, 1); n == 0 {
+		b.Fatal("client cannot reach server without rules")
+	}
+	load := func(with bool) {
+		inNode(b, bed, func() error {
+			be, err := nftables.New()
+			if err != nil {
+				return err
+			}
+			if !with {
+				return be.Cleanup(context.Background())
+			}
+			_, err = be.FullSync(context.Background(), rs)
+			return err
+		})
+	}
+	var without, with []float64
+	for b.Loop() {
+		for round := 0; round < 3; round++ {
+			load(false)
+			without = append(without, connect(b, client, dst, 2*time.Second, 4))
+			load(true)
+			with = append(with, connect(b, client, dst, 2*time.Second, 4))
+		}
+	}
+	sort.Float64s(without)
+	sort.Float64s(with)
+	mw, mo := with[len(with)/2], without[len(without)/2]
+	b.ReportMetric(mo, "conn/s-no-rules")
+	b.ReportMetric(mw, "conn/s-10k-policies")
+	b.ReportMetric(mw/mo, "ratio")
+	load(false)
+}
+
+// allowLast adds the policies that admit client -> server, named to sort after every other
+// policy in their namespaces.
+func allowLast(st *cluster.State, serverNS, clientNS string) {
+	tcp := corev1.ProtocolTCP
+	port := intstr.FromInt32(80)
+	in := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: serverNS, Name: "zz-allow-bench"},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{}, Ingress: []networkingv1.NetworkPolicyIngressRule{{
+			From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
+				cluster.NamespaceNameLabel: clientNS}}}},
+			Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
+		}}},
+	}
+	out := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: clientNS, Name: "zz-allow-bench"},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{}, PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
+					cluster.NamespaceNameLabel: serverNS}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
+			}}},
+	}
+	for _, np := range []*networkingv1.NetworkPolicy{in, out} {
+		cluster.DefaultNetworkPolicy(np)
+		st.Policies[cluster.Key(np.Namespace, np.Name)] = np
+	}
+}
+
+// connect opens and resets TCP connections from the client pod for d with workers in
+// parallel, and returns connections per second.
+func connect(b *testing.B, client *testbed.Pod, dst netip.AddrPort, d time.Duration, workers int) float64 {
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			orig, _ := netns.Get()
+			defer orig.Close()
+			target, err := netns.GetFromName(client.NetNSName)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			defer target.Close()
+			if err := netns.Set(target); err != nil {
+				b.Error(err)
+				return
+			}
+			defer netns.Set(orig)
+			dialer := net.Dialer{Timeout: time.Second, Control: func(_, _ string, c syscall.RawConn) error {
+				return c.Control(func(fd uintptr) {
+					// RST on close: no TIME_WAIT, so ports never run out.
+					_ = syscall.SetsockoptLinger(int(fd), syscall.SOL_SOCKET, syscall.SO_LINGER, &syscall.Linger{Onoff: 1, Linger: 0})
+				})
+			}}
+			for time.Now().Before(deadline) {
+				c, err := dialer.Dial("tcp", dst.String())
+				if err != nil {
+					continue
+				}
+				c.Close()
+				total.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(total.Load()) / d.Seconds()
+}
