@@ -101,6 +101,29 @@ func (w *world) addPod(t *testing.T, ns, name string, labels map[string]string, 
 	w.tpods[cluster.Key(ns, name)] = tp
 }
 
+// addRemotePod adds a pod on another simulated node, where no agent runs: it is only ever a
+// peer of the local pods, and its traffic crosses the local node's forward hook.
+func (w *world) addRemotePod(t *testing.T, ns, name string, labels map[string]string, ports ...corev1.ContainerPort) {
+	t.Helper()
+	node := w.sim.Bed.Node("node-2")
+	if node == nil {
+		var err error
+		if node, err = w.sim.Bed.AddNode("node-2"); err != nil {
+			t.Fatalf("adding remote node: %v", err)
+		}
+	}
+	tp, err := node.AddPod(ns, name)
+	if err != nil {
+		t.Fatalf("adding remote pod %s/%s: %v", ns, name, err)
+	}
+	w.pods[cluster.Key(ns, name)] = simnode.PodObject(ns, name, "node-2", labels, tp.IPs(), ports...)
+	w.tpods[cluster.Key(ns, name)] = tp
+}
+
+func (w *world) isRemote(ep endpoint) bool {
+	return ep.pod != nil && ep.pod.Spec.NodeName != w.sim.NodeName
+}
+
 func (w *world) removePod(t *testing.T, key string) {
 	t.Helper()
 	if err := w.sim.Bed.RemovePod(w.tpods[key]); err != nil {
@@ -171,6 +194,9 @@ func (w *world) cases(oracle *oracle) []probeCase {
 		for _, dst := range eps {
 			if src.key == dst.key {
 				continue // a pod's traffic to itself never leaves its namespace
+			}
+			if (w.isRemote(src) || src.pod == nil) && (w.isRemote(dst) || dst.pod == nil) {
+				continue // never crosses this node's forward path
 			}
 			var dstIPs []netip.Addr
 			if dst.pod == nil {
@@ -319,6 +345,14 @@ func (w *world) expect(oracle *oracle, src, dst endpoint, srcIP, dstIP netip.Add
 		ResolvedPort:     int(port),
 		ResolvedPortName: portName,
 		Protocol:         corev1.Protocol(proto),
+	}
+	// Only this node runs an agent: it enforces the egress of its own pods and the ingress
+	// to them, never a remote pod's side.
+	switch {
+	case w.isRemote(src):
+		return oracle.policy.IsIngressOrEgressAllowed(tr, true).IsAllowed()
+	case w.isRemote(dst):
+		return oracle.policy.IsIngressOrEgressAllowed(tr, false).IsAllowed()
 	}
 	return oracle.policy.IsTrafficAllowed(tr).IsAllowed()
 }

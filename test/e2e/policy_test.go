@@ -159,3 +159,13 @@ func TestSemanticsBridgeDualStack(t *testing.T) {
 	t.Parallel()
 	runScenarios(t, standardWorld(t, testbed.Bridge, true, true))
 }
+
+// TestRemotePeers runs every scenario with pods on a second node as well: every pod in the
+// cluster is a peer, and traffic between nodes is judged here on the local side.
+func TestRemotePeers(t *testing.T) {
+	t.Parallel()
+	w := standardWorld(t, testbed.Routed, true, true)
+	w.addRemotePod(t, "x", "r1", map[string]string{"pod": "a", "tier": "web"}, cport("web", 81, tcp), cport("dns", 80, udp))
+	w.addRemotePod(t, "z", "r2", map[string]string{"pod": "b"}, cport("sig", 81, sctp))
+	runScenarios(t, w)
+}

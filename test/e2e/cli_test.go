@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/netwarden/netwarden/internal/testbed"
+)
+
+// TestCommands covers render, agent --once, cleanup and flag errors with the real binary.
+func TestCommands(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, testbed.Routed, true, false)
+	w.addNamespace("x", map[string]string{"ns": "x"})
+	w.addPod(t, "x", "a", map[string]string{"pod": "a"})
+	w.addPod(t, "x", "b", map[string]string{"pod": "b"})
+	w.policies["x/deny"] = netpol("x", "deny", sel("pod", "a"))
+	if err := w.sim.SetState(w.objects()...); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	blocked := func() bool { return !tcpProbe(w, "x/b", "x/a", 80) }
+	state := []string{"--manifests", w.sim.Dir, "--node-name", w.sim.NodeName}
+
+	out, err := w.sim.RunAgent(ctx, append([]string{"render"}, state...)...)
+	if err != nil || !strings.Contains(out, "in/x/deny") || !strings.Contains(out, "add table inet netwarden") {
+		t.Fatalf("render: %v\n%s", err, out)
+	}
+	if tables, _ := w.sim.Nft("list", "tables"); strings.Contains(tables, "netwarden") {
+		t.Fatal("render touched the kernel")
+	}
+	if blocked() {
+		t.Fatal("traffic blocked before any agent ran")
+	}
+
+	out, err = w.sim.RunAgent(ctx, append([]string{"agent", "--once", "--health-addr", ""}, state...)...)
+	if err != nil {
+		t.Fatalf("agent --once: %v\n%s", err, out)
+	}
+	if !blocked() {
+		t.Fatal("agent --once did not enforce the policy")
+	}
+
+	out, err = w.sim.RunAgent(ctx, "cleanup")
+	if err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out)
+	}
+	if tables, _ := w.sim.Nft("list", "tables"); strings.Contains(tables, "netwarden") {
+		t.Fatalf("cleanup left the table:\n%s", tables)
+	}
+	if blocked() {
+		t.Fatal("traffic still blocked after cleanup")
+	}
+	if out, err := w.sim.RunAgent(ctx, "cleanup"); err != nil {
+		t.Fatalf("second cleanup must succeed: %v\n%s", err, out)
+	}
+
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"agent", "--once", "--manifests", "/nonexistent/dir"}, "/nonexistent/dir"},
+		{[]string{"agent", "--once", "--manifests", w.sim.Dir, "--kubeconfig", "/tmp/kc"}, "mutually exclusive"},
+		{[]string{"agent", "--once", "--manifests", w.sim.Dir, "--backend", "bogus"}, `--backend "bogus"`},
+		{[]string{"agent", "--once", "--manifests", w.sim.Dir, "--log-level", "loud"}, "--log-level"},
+		{[]string{"render", "--node-name", "n"}, "--manifests"},
+	} {
+		out, err := w.sim.RunAgent(ctx, bad.args...)
+		if err == nil || !strings.Contains(out, bad.want) {
+			t.Errorf("%v: want an error mentioning %q, got err=%v:\n%s", bad.args, bad.want, err, out)
+		}
+	}
+	if out, err := w.sim.RunAgent(ctx, "version"); err != nil || !strings.HasPrefix(out, "netwarden ") {
+		t.Errorf("version: %v %q", err, out)
+	}
+}
+
+// TestHealthEndpoints checks /healthz and /readyz on the agent's health address.
+func TestHealthEndpoints(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, testbed.Routed, true, false)
+	w.addPod(t, "x", "a", map[string]string{"pod": "a"})
+	if err := w.sim.SetState(w.objects()...); err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:9491"
+	if err := w.sim.StartAgent("--health-addr", addr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "readyz 200", func() bool { return httpStatus(t, w, addr, "/readyz") == http.StatusOK })
+	if got := httpStatus(t, w, addr, "/healthz"); got != http.StatusOK {
+		t.Fatalf("/healthz = %d", got)
+	}
+}
+
+// httpStatus issues a GET inside the node netns, where the agent listens on loopback.
+func httpStatus(t *testing.T, w *world, addr, path string) int {
+	status := 0
+	_ = w.sim.Bed.InNode(func() error {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return nil
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err == nil {
+			status = resp.StatusCode
+			resp.Body.Close()
+		}
+		return nil
+	})
+	return status
+}
