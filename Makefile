@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -X github.com/netwarden/netwarden/internal/cli.Version=$(VERSION)
 TEST_TIMEOUT ?= 25m
 
-.PHONY: all deps build test unit demo bench clean fmt vet
+.PHONY: all deps build test demo bench clean fmt vet
 
 all: build
 
@@ -18,9 +18,11 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/netwarden ./cmd/netwarden
 	$(GO) build -o $(BIN)/netwarden-demo ./cmd/netwarden-demo
 
-# Kernel tests find the agent binary through NETWARDEN_BIN.
+# Kernel tests find the agent binary through NETWARDEN_BIN; API tests find kube-apiserver and
+# etcd through KUBE_BIN_DIR (built once from Go modules, then cached by version).
 test: deps build vet
-	NETWARDEN_BIN=$(CURDIR)/$(BIN)/netwarden $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@kubebin=$$(hack/kube-binaries.sh) && \
+	NETWARDEN_BIN=$(CURDIR)/$(BIN)/netwarden KUBE_BIN_DIR=$$kubebin $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 vet:
 	$(GO) vet ./...
@@ -36,3 +38,10 @@ fmt:
 
 clean:
 	rm -rf $(BIN)
+
+# kube-apiserver and etcd for the integration tests (internal/kubetest), built from Go modules and
+# cached by version (a second run is instant). The last line printed is their directory: tests find
+# them through KUBE_BIN_DIR="$(hack/kube-binaries.sh | tail -n1)".
+.PHONY: kube-binaries
+kube-binaries:
+	@hack/kube-binaries.sh

@@ -219,6 +219,9 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 	if seen != 0 {
 		attrs = append(attrs, "sinceEvent", time.Since(time.Unix(0, seen)).Round(time.Microsecond))
 	}
+	if res.Fallback != "" {
+		attrs = append(attrs, "fallbackReason", res.Fallback)
+	}
 	if res.Operations > 0 || res.Full {
 		a.log.Info("synced", attrs...)
 	} else {

@@ -12,6 +12,8 @@ import (
 type SyncResult struct {
 	Full       bool // the whole ruleset was replaced
 	Operations int  // commands in the transaction; 0 means the kernel already matched
+	// Fallback, when set, is why an incremental sync had to replace everything instead.
+	Fallback string
 }
 
 // PolicyBackend programs a policy.Ruleset into the kernel.

@@ -67,27 +67,28 @@ func (b *Backend) FullSync(ctx context.Context, rs *policy.Ruleset) (dataplane.S
 // falls back to a full replace in a new transaction.
 func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
 	if b.applied != nil {
-		tx := b.nft.NewTransaction()
-		elems, structural := diff(tx, b.applied, want)
-		if len(elems) == 0 && tx.NumOperations() == 0 {
+		p := diff(b.applied, want)
+		if p.empty() {
 			return dataplane.SyncResult{}, nil
 		}
 		var err error
-		ops := len(elems) + tx.NumOperations()
-		if structural || !b.netlink {
-			for _, e := range elems {
-				addElementChange(tx, e)
-			}
-			err = b.nft.Run(ctx, tx)
+		ops := p.operations(want)
+		if b.netlink && p.netlinkable(want) {
+			err = applyNetlink(p, b.applied, want)
 		} else {
-			err = applyElementsNetlink(elems)
+			tx := b.nft.NewTransaction()
+			p.writeTx(tx, b.applied, want)
+			err = b.nft.Run(ctx, tx)
 		}
 		if err == nil {
 			b.applied = want
 			b.syncedSince = true
 			return dataplane.SyncResult{Operations: ops}, nil
 		}
-		// The kernel no longer holds what we think; fall through to a full replace.
+		// The kernel no longer holds what we think; replace everything.
+		res, ferr := b.FullSyncRendered(ctx, want)
+		res.Fallback = err.Error()
+		return res, ferr
 	}
 	return b.FullSyncRendered(ctx, want)
 }
@@ -167,86 +168,133 @@ func element(setName string, s *set, key, value string) *knftables.Element {
 	return &knftables.Element{Set: setName, Key: []string{key}}
 }
 
-// diff adds to tx the structural commands that turn table content old into new and returns
-// the element changes separately, with whether anything structural (objects, rules, interval
-// set contents) changed. Element-only diffs can then go over netlink; otherwise the caller
-// appends the elements to tx, which still makes one atomic transaction. Within a transaction
-// only references need ordering: objects are created before anything points at them, and
-// removed only after the rules and map elements pointing at them are gone.
-func diff(tx *knftables.Transaction, old, new *Rendered) ([]elementChange, bool) {
-	structural := false
-	for _, name := range sortedKeys(new.Sets) {
-		if _, ok := old.Sets[name]; !ok {
-			addSetObject(tx, name, new.Sets[name])
-			structural = true
+// plan is the difference between two table contents. Applied in field order it respects
+// references: new objects come before anything points at them, and objects go only after
+// the rules and map elements pointing at them are gone.
+type plan struct {
+	newSets, newChains []string
+	rewrite            []string // chains whose rules are (re)written
+	existed            map[string]bool
+	elems              []elementChange
+	goneChains         []string
+	goneSets           []string
+	// interval is set when an interval set is created or changes; nft splits ranges for
+	// the kernel, so such a plan goes through the CLI.
+	interval bool
+}
+
+func (p *plan) empty() bool {
+	return len(p.newSets)+len(p.newChains)+len(p.rewrite)+len(p.elems)+len(p.goneChains)+len(p.goneSets) == 0
+}
+
+// operations counts the commands the plan sends, the transaction size.
+func (p *plan) operations(new *Rendered) int {
+	n := len(p.newSets) + len(p.newChains) + len(p.elems) + 2*len(p.goneChains) + len(p.goneSets)
+	for _, name := range p.rewrite {
+		n += len(new.Chains[name].rules)
+		if p.existed[name] {
+			n++
 		}
 	}
-	for _, name := range sortedKeys(new.Chains) {
-		if _, ok := old.Chains[name]; !ok {
-			addChainObject(tx, name, new.Chains[name])
-			structural = true
+	return n
+}
+
+// diff computes the plan that turns table content old into new.
+func diff(old, new *Rendered) *plan {
+	p := &plan{existed: map[string]bool{}}
+	for _, name := range sortedKeys(new.Sets) {
+		if _, ok := old.Sets[name]; !ok {
+			p.newSets = append(p.newSets, name)
+			p.interval = p.interval || new.Sets[name].interval
 		}
 	}
 	for _, name := range sortedKeys(new.Chains) {
 		c := new.Chains[name]
 		o, ok := old.Chains[name]
+		if !ok {
+			p.newChains = append(p.newChains, name)
+		}
 		if ok && (o == c || equalStrings(o.rules, c.rules)) {
 			continue
 		}
-		structural = true
-		if ok {
-			tx.Flush(&knftables.Chain{Name: name})
-		}
-		for _, rule := range c.rules {
-			tx.Add(&knftables.Rule{Chain: name, Rule: rule})
-		}
+		p.rewrite = append(p.rewrite, name)
+		p.existed[name] = ok
 	}
-	var elems []elementChange
 	for _, name := range sortedKeys(new.Sets) {
 		s := new.Sets[name]
 		if s == old.Sets[name] {
 			continue // the renderer returns the same pointer for unchanged content
 		}
-		n := len(elems)
-		elems = diffElements(elems, name, s, old.Sets[name])
-		if s.interval && len(elems) > n {
-			structural = true // interval sets go through nft, which splits ranges for the kernel
-		}
+		n := len(p.elems)
+		p.elems = diffElements(p.elems, name, s, old.Sets[name])
+		p.interval = p.interval || (s.interval && len(p.elems) > n)
 	}
-	var goneChains, goneSets []string
 	for _, name := range sortedKeys(old.Chains) {
 		if _, ok := new.Chains[name]; !ok {
-			goneChains = append(goneChains, name)
+			p.goneChains = append(p.goneChains, name)
 		}
 	}
 	for _, name := range sortedKeys(old.Sets) {
 		if _, ok := new.Sets[name]; !ok {
-			goneSets = append(goneSets, name)
+			p.goneSets = append(p.goneSets, name)
 		}
 	}
-	structural = structural || len(goneChains) > 0 || len(goneSets) > 0
-	if !structural {
-		return elems, false
+	return p
+}
+
+// writeTx adds the plan to an nft transaction.
+func (p *plan) writeTx(tx *knftables.Transaction, old, new *Rendered) {
+	for _, name := range p.newSets {
+		addSetObject(tx, name, new.Sets[name])
 	}
-	for _, e := range elems {
+	for _, name := range p.newChains {
+		addChainObject(tx, name, new.Chains[name])
+	}
+	for _, name := range p.rewrite {
+		if p.existed[name] {
+			tx.Flush(&knftables.Chain{Name: name})
+		}
+		for _, rule := range new.Chains[name].rules {
+			tx.Add(&knftables.Rule{Chain: name, Rule: rule})
+		}
+	}
+	for _, e := range p.elems {
 		addElementChange(tx, e)
 	}
 	// Every removed chain is flushed before any is deleted, so jumps between removed chains
 	// are gone first; sets go last, once no rule uses them.
-	for _, name := range goneChains {
+	for _, name := range p.goneChains {
 		tx.Flush(&knftables.Chain{Name: name})
 	}
-	for _, name := range goneChains {
+	for _, name := range p.goneChains {
 		tx.Delete(&knftables.Chain{Name: name})
 	}
-	for _, name := range goneSets {
+	for _, name := range p.goneSets {
 		if old.Sets[name].isMap {
 			tx.Delete(&knftables.Map{Name: name})
 		} else {
 			tx.Delete(&knftables.Set{Name: name})
 		}
 	}
-	return nil, true
+}
+
+// netlinkable reports whether the whole plan can go over netlink: no interval set contents,
+// no new maps, and rewritten chains only of the kinds that exist in structured form.
+func (p *plan) netlinkable(new *Rendered) bool {
+	if p.interval {
+		return false
+	}
+	for _, name := range p.newSets {
+		if s := new.Sets[name]; s.isMap || s.interval {
+			return false
+		}
+	}
+	for _, name := range p.rewrite {
+		if c := new.Chains[name]; c.base != nil || len(c.specs) != len(c.rules) {
+			return false
+		}
+	}
+	return true
 }
 
 func addElementChange(tx *knftables.Transaction, e elementChange) {

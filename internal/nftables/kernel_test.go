@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"sort"
 	"strings"
 	"testing"
 
@@ -188,4 +189,114 @@ func TestKernelFullIncrementalVerifyCleanup(t *testing.T) {
 			t.Fatalf("cleanup must be idempotent: %v", err)
 		}
 	})
+}
+
+// TestNetlinkAndCLIProgramTheSameTable checks that an incremental sync over netlink leaves
+// exactly the table a full sync through nft writes for the same state.
+func TestNetlinkAndCLIProgramTheSameTable(t *testing.T) {
+	inFreshNetNS(t, func() {
+		ctx := context.Background()
+		b, err := New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := stateWithPods(3)
+		rs, _ := policy.Compile(base, "n1")
+		if _, err := b.FullSync(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		next := stateWithPods(3)
+		sctp, udp := corev1.ProtocolSCTP, corev1.ProtocolUDP
+		end := int32(9000)
+		np := &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "more"},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"x": "y"}}}},
+					Ports: []networkingv1.NetworkPolicyPort{
+						{Protocol: &udp, Port: &intstr.IntOrString{IntVal: 53}},
+						{Protocol: &udp, Port: &intstr.IntOrString{IntVal: 8000}, EndPort: &end},
+						{Protocol: &sctp},
+						{Protocol: &sctp, Port: &intstr.IntOrString{Type: intstr.String, StrVal: "sig"}},
+					},
+				}},
+				Egress: []networkingv1.NetworkPolicyEgressRule{{
+					To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}}},
+					Ports: []networkingv1.NetworkPolicyPort{{Port: &intstr.IntOrString{Type: intstr.String, StrVal: "http"}}},
+				}, {}},
+			},
+		}
+		cluster.DefaultNetworkPolicy(np)
+		next.Policies["a/more"] = np
+		p := next.Pods["a/pb"].DeepCopy()
+		p.Spec.Containers = []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}}
+		next.Pods["a/pb"] = p
+		rs2, _ := policy.Compile(next, "n1")
+		r2 := Render(rs2)
+		if p := diff(b.applied, r2); !p.netlinkable(r2) || len(p.newChains) == 0 {
+			t.Fatalf("expected a structural netlink plan, got %+v", p)
+		}
+		if res, err := b.Sync(ctx, rs2); err != nil || res.Full {
+			t.Fatalf("netlink sync: %+v %v (a full sync means the netlink batch failed)", res, err)
+		}
+		viaNetlink := listCanonical(t)
+		if err := b.Verify(ctx); err != nil {
+			t.Fatalf("verify after netlink sync: %v", err)
+		}
+		if _, err := b.FullSync(ctx, rs2); err != nil {
+			t.Fatal(err)
+		}
+		viaCLI := listCanonical(t)
+		if viaNetlink != viaCLI {
+			t.Fatalf("tables differ.\nnetlink:\n%s\nnft:\n%s", viaNetlink, viaCLI)
+		}
+		// And back: removing the policy over netlink leaves what a full sync leaves.
+		if res, err := b.Sync(ctx, rs); err != nil || res.Full {
+			t.Fatalf("netlink removal: %+v %v", res, err)
+		}
+		back := listCanonical(t)
+		if _, err := b.FullSync(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		if full := listCanonical(t); back != full {
+			t.Fatalf("tables differ after removal.\nnetlink:\n%s\nnft:\n%s", back, full)
+		}
+	})
+}
+
+// listCanonical lists the table with its chains and sets sorted and elements sorted, so two
+// listings compare equal when they hold the same objects.
+func listCanonical(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("nft", "list", "table", "inet", TableName).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	var blocks []string
+	var cur []string
+	for _, line := range strings.Split(string(out), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "chain ") || strings.HasPrefix(line, "set ") || strings.HasPrefix(line, "map "):
+			if len(cur) > 0 {
+				blocks = append(blocks, strings.Join(cur, "\n"))
+			}
+			cur = []string{line}
+		case strings.HasPrefix(line, "elements = {"):
+			inner := strings.TrimSuffix(strings.TrimPrefix(line, "elements = {"), "}")
+			parts := strings.Split(inner, ",")
+			for i := range parts {
+				parts[i] = strings.TrimSpace(parts[i])
+			}
+			sort.Strings(parts)
+			cur = append(cur, "elements = "+strings.Join(parts, ","))
+		case line != "" && line != "}":
+			cur = append(cur, line)
+		}
+	}
+	blocks = append(blocks, strings.Join(cur, "\n"))
+	sort.Strings(blocks)
+	return strings.Join(blocks, "\n\n")
 }

@@ -8,6 +8,9 @@ import (
 
 	gnft "github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/netwarden/netwarden/internal/policy"
 )
 
 // elementChange is one element to add to or delete from an existing set or verdict map.
@@ -19,67 +22,230 @@ type elementChange struct {
 	delete bool
 }
 
-// applyElementsNetlink sends element changes as one netlink batch, which the kernel commits
-// as one transaction. Pod churn only ever changes elements, and the nft CLI spends most of a
-// small update loading its cache of our large table; talking netlink directly skips that.
-func applyElementsNetlink(changes []elementChange) error {
+// applyNetlink sends a plan as one netlink batch, which the kernel commits as one
+// transaction. The nft CLI spends most of a small update loading its cache of our large
+// table; talking netlink directly skips that, so pod churn and policy edits stay cheap.
+func applyNetlink(p *plan, old, new *Rendered) error {
 	conn, err := gnft.New()
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
 	}
 	defer conn.CloseLasting()
 	table := &gnft.Table{Name: TableName, Family: gnft.TableFamilyINet}
-	type batch struct {
-		set      *gnft.Set
-		add, del []gnft.SetElement
-	}
-	batches := map[string]*batch{}
-	var order []string
-	for _, ch := range changes {
-		bt := batches[ch.set]
-		if bt == nil {
-			bt = &batch{set: &gnft.Set{Table: table, Name: ch.set, IsMap: ch.isMap}}
-			batches[ch.set] = bt
-			order = append(order, ch.set)
+	sets := map[string]*gnft.Set{}
+	setFor := func(name string, s *set) (*gnft.Set, error) {
+		if gs := sets[name]; gs != nil {
+			return gs, nil
 		}
-		key, err := encodeKey(ch.key)
+		kt, err := keyType(s.typ)
 		if err != nil {
-			return fmt.Errorf("set %s element %q: %w", ch.set, ch.key, err)
+			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
-		el := gnft.SetElement{Key: key}
-		if ch.isMap && !ch.delete {
-			chain, ok := strings.CutPrefix(ch.value, "jump ")
-			if !ok {
-				return fmt.Errorf("map %s element %q: unsupported value %q", ch.set, ch.key, ch.value)
-			}
-			el.VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}
+		gs := &gnft.Set{Table: table, Name: name, KeyType: kt, Concatenation: strings.Contains(s.typ, " . "),
+			IsMap: s.isMap, Comment: s.comment}
+		if s.isMap {
+			gs.DataType = gnft.TypeVerdict
 		}
-		if ch.delete {
-			bt.del = append(bt.del, el)
-		} else {
-			bt.add = append(bt.add, el)
+		sets[name] = gs
+		return gs, nil
+	}
+	for _, name := range p.newSets {
+		gs, err := setFor(name, new.Sets[name])
+		if err != nil {
+			return err
+		}
+		if err := conn.AddSet(gs, nil); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	chains := map[string]*gnft.Chain{}
+	chainFor := func(name string) *gnft.Chain {
+		if c := chains[name]; c != nil {
+			return c
+		}
+		c := &gnft.Chain{Name: name, Table: table}
+		chains[name] = c
+		return c
+	}
+	for _, name := range p.newChains {
+		conn.AddChain(chainFor(name))
+	}
+	for _, name := range p.rewrite {
+		ch := chainFor(name)
+		if p.existed[name] {
+			conn.FlushChain(ch)
+		}
+		for _, sp := range new.Chains[name].specs {
+			conn.AddRule(&gnft.Rule{Table: table, Chain: ch, Exprs: sp.exprs()})
 		}
 	}
 	// Deletions first, so a map key that changes value is replaced within the batch.
-	for _, name := range order {
-		if bt := batches[name]; len(bt.del) > 0 {
-			if err := conn.SetDeleteElements(bt.set, bt.del); err != nil {
+	for _, del := range []bool{true, false} {
+		batches := map[string][]gnft.SetElement{}
+		var order []string
+		for _, ch := range p.elems {
+			if ch.delete != del {
+				continue
+			}
+			el, err := ch.setElement()
+			if err != nil {
 				return err
+			}
+			if _, ok := batches[ch.set]; !ok {
+				order = append(order, ch.set)
+			}
+			batches[ch.set] = append(batches[ch.set], el)
+		}
+		for _, name := range order {
+			s := new.Sets[name]
+			if s == nil {
+				s = old.Sets[name]
+			}
+			gs, err := setFor(name, s)
+			if err != nil {
+				return err
+			}
+			if del {
+				err = conn.SetDeleteElements(gs, batches[name])
+			} else {
+				err = conn.SetAddElements(gs, batches[name])
+			}
+			if err != nil {
+				return fmt.Errorf("set %s: %w", name, err)
 			}
 		}
 	}
-	for _, name := range order {
-		if bt := batches[name]; len(bt.add) > 0 {
-			if err := conn.SetAddElements(bt.set, bt.add); err != nil {
-				return err
-			}
-		}
+	for _, name := range p.goneChains {
+		conn.FlushChain(chainFor(name))
+	}
+	for _, name := range p.goneChains {
+		conn.DelChain(chainFor(name))
+	}
+	for _, name := range p.goneSets {
+		conn.DelSet(&gnft.Set{Table: table, Name: name})
 	}
 	if err := conn.Flush(); err != nil {
 		return fmt.Errorf("netlink batch: %w", err)
 	}
 	return nil
 }
+
+func (ch elementChange) setElement() (gnft.SetElement, error) {
+	key, err := encodeKey(ch.key)
+	if err != nil {
+		return gnft.SetElement{}, fmt.Errorf("set %s element %q: %w", ch.set, ch.key, err)
+	}
+	el := gnft.SetElement{Key: key}
+	if ch.isMap && !ch.delete {
+		chain, ok := strings.CutPrefix(ch.value, "jump ")
+		if !ok {
+			return el, fmt.Errorf("map %s element %q: unsupported value %q", ch.set, ch.key, ch.value)
+		}
+		el.VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}
+	}
+	return el, nil
+}
+
+func keyType(typ string) (gnft.SetDatatype, error) {
+	switch typ {
+	case "ipv4_addr", "ipv4_addr : verdict":
+		return gnft.TypeIPAddr, nil
+	case "ipv6_addr", "ipv6_addr : verdict":
+		return gnft.TypeIP6Addr, nil
+	case "ipv4_addr . inet_service":
+		return gnft.ConcatSetType(gnft.TypeIPAddr, gnft.TypeInetService)
+	case "ipv6_addr . inet_service":
+		return gnft.ConcatSetType(gnft.TypeIP6Addr, gnft.TypeInetService)
+	}
+	return gnft.SetDatatype{}, fmt.Errorf("no netlink encoding for set type %q", typ)
+}
+
+// Registers as nft uses them: a 16-byte register for single values; for a concatenation
+// each part starts in the next 4-byte register.
+const (
+	reg1     = unix.NFT_REG_1
+	reg32_00 = unix.NFT_REG32_00
+)
+
+// exprs compiles the rule into kernel expressions, the same ones nft produces for text().
+func (r ruleSpec) exprs() []expr.Any {
+	var e []expr.Any
+	nfproto := func(v6 bool) {
+		fam := byte(unix.NFPROTO_IPV4)
+		if v6 {
+			fam = unix.NFPROTO_IPV6
+		}
+		e = append(e,
+			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{fam}})
+	}
+	addr := func(v6 bool, which string, dreg uint32) {
+		off, l := uint32(12), uint32(4)
+		if which == "daddr" {
+			off = 16
+		}
+		if v6 {
+			off, l = 8, 16
+			if which == "daddr" {
+				off = 24
+			}
+		}
+		e = append(e, &expr.Payload{DestRegister: dreg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l})
+	}
+	if r.peerSet != "" {
+		nfproto(r.v6)
+		addr(r.v6, r.peerAddr, reg1)
+		e = append(e, &expr.Lookup{SourceRegister: reg1, SetName: r.peerSet})
+	}
+	if r.proto != "" {
+		e = append(e,
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoNumber(r.proto)}})
+		dport := func(dreg uint32) {
+			e = append(e, &expr.Payload{DestRegister: dreg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+		}
+		switch {
+		case r.namedSet != "":
+			if r.peerSet == "" {
+				nfproto(r.v6)
+			}
+			addr(r.v6, "daddr", reg1)
+			next := uint32(reg32_00 + 1)
+			if r.v6 {
+				next = reg32_00 + 4
+			}
+			dport(next)
+			e = append(e, &expr.Lookup{SourceRegister: reg1, SetName: r.namedSet})
+		case r.ports.Last != 0 && r.ports.First == r.ports.Last:
+			dport(reg1)
+			e = append(e, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: be16(r.ports.First)})
+		case r.ports.Last != 0:
+			dport(reg1)
+			e = append(e, &expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: be16(r.ports.First), ToData: be16(r.ports.Last)})
+		}
+	}
+	switch {
+	case r.jump != "":
+		e = append(e, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.jump})
+	case r.drop:
+		e = append(e, &expr.Verdict{Kind: expr.VerdictDrop})
+	default:
+		e = append(e, &expr.Verdict{Kind: expr.VerdictAccept})
+	}
+	return e
+}
+
+func protoNumber(p policy.Protocol) byte {
+	switch p {
+	case policy.UDP:
+		return unix.IPPROTO_UDP
+	case policy.SCTP:
+		return unix.IPPROTO_SCTP
+	}
+	return unix.IPPROTO_TCP
+}
+
+func be16(v uint16) []byte { return []byte{byte(v >> 8), byte(v)} }
 
 // encodeKey turns an element key in nft syntax into kernel data: addresses in network order,
 // concatenation parts each padded to 4 bytes as nftables registers are.

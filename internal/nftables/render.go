@@ -86,6 +86,9 @@ type chain struct {
 	base    *knftables.Chain // hook, type and priority; nil for a regular chain
 	comment string
 	rules   []string
+	// specs, when set, hold the rules in structured form (group and policy chains), which
+	// lets an incremental sync program them over netlink.
+	specs []ruleSpec
 }
 
 // Rendered is the complete table content in a form that can be diffed by name.
@@ -180,17 +183,17 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	}
 
 	for name, g := range rs.Groups {
-		c := &chain{comment: fmt.Sprintf("%s: %d policies", g.Direction, len(g.Policies))}
+		specs := make([]ruleSpec, 0, len(g.Policies)+1)
 		for _, p := range g.Policies {
-			c.rules = append(c.rules, "jump "+p)
+			specs = append(specs, ruleSpec{jump: p})
 		}
-		c.rules = append(c.rules, "drop")
-		r.Chains[name] = c
+		specs = append(specs, ruleSpec{drop: true})
+		r.Chains[name] = specChain(specs)
 	}
 	for name, p := range rs.Policies {
 		c, ok := rd.prev.policies[p]
 		if !ok {
-			c = &chain{comment: fmt.Sprintf("%s of NetworkPolicy %s", p.Direction, p.Source), rules: policyRules(p)}
+			c = specChain(policyRules(p))
 		}
 		rd.cur.policies[p] = c
 		r.Chains[name] = c
@@ -296,14 +299,64 @@ func baseChain(name string, hook knftables.BaseChainHook, prio string) *knftable
 	}
 }
 
-// policyRules expands each policy rule into nft rules: one per peer, port match and, where the
-// match is family-specific, IP family. Any one of them accepting means the policy allows.
-func policyRules(p *policy.PolicyRules) []string {
+// ruleSpec is a rule of a group or policy chain in structured form. Its text (what nft
+// parses on a full sync) and its netlink expressions (what an incremental sync sends) are both
+// derived from it, so the two paths always program the same rule.
+type ruleSpec struct {
+	v6       bool   // family of the address matches
+	peerAddr string // "saddr" or "daddr" when the rule matches a peer set
+	peerSet  string
+	proto    policy.Protocol // "" matches every protocol
+	ports    policy.PortRange
+	namedSet string // destination address . port lookup
+	jump     string // verdict: jump to this chain; else drop when drop, else accept
+	drop     bool
+}
+
+func (r ruleSpec) text() string {
+	var parts []string
+	if r.peerSet != "" {
+		parts = append(parts, fmt.Sprintf("%s %s @%s", ipKeyword(r.v6), r.peerAddr, r.peerSet))
+	}
+	if r.proto != "" {
+		parts = append(parts, "meta l4proto "+string(r.proto))
+		switch {
+		case r.namedSet != "":
+			parts = append(parts, fmt.Sprintf("%s daddr . th dport @%s", ipKeyword(r.v6), r.namedSet))
+		case r.ports.Last != 0:
+			parts = append(parts, "th dport "+portRange(r.ports))
+		}
+	}
+	switch {
+	case r.jump != "":
+		parts = append(parts, "jump "+r.jump)
+	case r.drop:
+		parts = append(parts, "drop")
+	default:
+		parts = append(parts, "accept")
+	}
+	return strings.Join(parts, " ")
+}
+
+// specChain builds a group or policy chain. These carry no comment: the netlink library
+// cannot set chain comments, and both sync paths must leave identical tables. Their names
+// say what they are.
+func specChain(specs []ruleSpec) *chain {
+	c := &chain{specs: specs, rules: make([]string, len(specs))}
+	for i, sp := range specs {
+		c.rules[i] = sp.text()
+	}
+	return c
+}
+
+// policyRules expands each policy rule into nft rules: one per peer, port range and, where
+// the match is family-specific, IP family. Any one of them accepting means the policy allows.
+func policyRules(p *policy.PolicyRules) []ruleSpec {
 	peerAddr := "saddr"
 	if p.Direction == policy.Egress {
 		peerAddr = "daddr"
 	}
-	var out []string
+	var out []ruleSpec
 	for _, rule := range p.Rules {
 		peers := rule.Peers
 		if len(peers) == 0 {
@@ -315,16 +368,24 @@ func policyRules(p *policy.PolicyRules) []string {
 		}
 		for _, peer := range peers {
 			for _, port := range ports {
+				ranges := port.Ranges
+				if len(ranges) == 0 {
+					ranges = []policy.PortRange{{}}
+				}
 				for _, v6 := range families(peer, port) {
-					var parts []string
-					if e := peerExpr(peer, peerAddr, v6); e != "" {
-						parts = append(parts, e)
+					for _, pr := range ranges {
+						sp := ruleSpec{v6: v6, proto: port.Protocol, ports: pr}
+						switch {
+						case peer.AddrSet != "":
+							sp.peerAddr, sp.peerSet = peerAddr, peer.AddrSet+famSuffix(v6)
+						case peer.CIDRSet != "":
+							sp.peerAddr, sp.peerSet = peerAddr, peer.CIDRSet
+						}
+						if port.NamedPortSet != "" {
+							sp.namedSet = port.NamedPortSet + famSuffix(v6)
+						}
+						out = append(out, sp)
 					}
-					if e := portExpr(port, v6); e != "" {
-						parts = append(parts, e)
-					}
-					parts = append(parts, "accept")
-					out = append(out, strings.Join(parts, " "))
 				}
 			}
 		}
@@ -349,36 +410,6 @@ func ipKeyword(v6 bool) string {
 		return "ip6"
 	}
 	return "ip"
-}
-
-func peerExpr(peer policy.Peer, addr string, v6 bool) string {
-	switch {
-	case peer.AddrSet != "":
-		return fmt.Sprintf("%s %s @%s%s", ipKeyword(v6), addr, peer.AddrSet, famSuffix(v6))
-	case peer.CIDRSet != "":
-		return fmt.Sprintf("%s %s @%s", ipKeyword(v6), addr, peer.CIDRSet)
-	}
-	return ""
-}
-
-func portExpr(port policy.PortMatch, v6 bool) string {
-	if port.Protocol == "" {
-		return ""
-	}
-	e := "meta l4proto " + string(port.Protocol)
-	switch {
-	case port.NamedPortSet != "":
-		e += fmt.Sprintf(" %s daddr . th dport @%s%s", ipKeyword(v6), port.NamedPortSet, famSuffix(v6))
-	case len(port.Ranges) == 1:
-		e += " th dport " + portRange(port.Ranges[0])
-	case len(port.Ranges) > 1:
-		rs := make([]string, len(port.Ranges))
-		for i, r := range port.Ranges {
-			rs[i] = portRange(r)
-		}
-		e += " th dport { " + strings.Join(rs, ", ") + " }"
-	}
-	return e
 }
 
 func portRange(r policy.PortRange) string {

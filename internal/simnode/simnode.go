@@ -212,6 +212,17 @@ func (s *Sim) StopAgent() error {
 	return s.waitErr
 }
 
+// AgentPID returns the running agent's process ID (ip netns exec replaces itself with the
+// agent), or 0.
+func (s *Sim) AgentPID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.agent == nil {
+		return 0
+	}
+	return s.agent.Process.Pid
+}
+
 // Log returns everything the agent printed so far.
 func (s *Sim) Log() string {
 	s.mu.Lock()
@@ -255,6 +266,18 @@ func (s *Sim) Apply(objs ...runtime.Object) error {
 		return err
 	}
 	return s.WaitSyncs(before, 15*time.Second)
+}
+
+// FlushConntrack forgets every tracked flow in the node netns. Policy changes apply to new
+// connections; established ones (and UDP flows, which conntrack keeps for up to two minutes)
+// stay allowed. Tests flush between steps so that a probe that happens to reuse a source port
+// measures the new policy rather than an older flow.
+func (s *Sim) FlushConntrack() error {
+	out, err := exec.Command("ip", "netns", "exec", s.Bed.NodeNetNSName(), "conntrack", "-F").CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "0 flow entries") {
+		return fmt.Errorf("conntrack -F: %v: %s", err, out)
+	}
+	return nil
 }
 
 // Nft runs nft inside the node netns.

@@ -230,35 +230,41 @@ func BenchmarkConnRate(b *testing.B) {
 	if n := connect(b, client, dst, 300*time.Millisecond, 1); n == 0 {
 		b.Fatal("client cannot reach server without rules")
 	}
-	load := func(with bool) {
+	// The empty ruleset has our hooks and conntrack but isolates nothing: it shows what
+	// stateful filtering costs before any policy rule.
+	empty, _ := policy.Compile(cluster.NewState(), spec.LocalNode)
+	load := func(rs *policy.Ruleset) {
 		inNode(b, bed, func() error {
 			be, err := nftables.New()
 			if err != nil {
 				return err
 			}
-			if !with {
+			if rs == nil {
 				return be.Cleanup(context.Background())
 			}
 			_, err = be.FullSync(context.Background(), rs)
 			return err
 		})
 	}
-	var without, with []float64
+	var without, hooks, with []float64
 	for b.Loop() {
-		for round := 0; round < 3; round++ {
-			load(false)
+		for round := 0; round < 5; round++ {
+			load(nil)
 			without = append(without, connect(b, client, dst, 2*time.Second, 4))
-			load(true)
+			load(empty)
+			hooks = append(hooks, connect(b, client, dst, 2*time.Second, 4))
+			load(rs)
 			with = append(with, connect(b, client, dst, 2*time.Second, 4))
 		}
 	}
-	sort.Float64s(without)
-	sort.Float64s(with)
-	mw, mo := with[len(with)/2], without[len(without)/2]
+	median := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
+	mw, mh, mo := median(with), median(hooks), median(without)
 	b.ReportMetric(mo, "conn/s-no-rules")
+	b.ReportMetric(mh, "conn/s-hooks-only")
 	b.ReportMetric(mw, "conn/s-10k-policies")
 	b.ReportMetric(mw/mo, "ratio")
-	load(false)
+	b.ReportMetric(mw/mh, "ratio-vs-hooks")
+	load(nil)
 }
 
 // allowLast adds the policies that admit client -> server, named to sort after every other

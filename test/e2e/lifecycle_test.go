@@ -64,6 +64,7 @@ func TestIncrementalChanges(t *testing.T) {
 	delete(w.policies, "y/out")
 	w.apply(t)
 	w.check(t, "policy deleted")
+	w.requireIncremental(t)
 }
 
 // tcpProbe checks one flow, for tests that look at a single path.

@@ -153,6 +153,9 @@ func (w *world) apply(t *testing.T) {
 	if err := w.sim.Apply(w.objects()...); err != nil {
 		t.Fatal(err)
 	}
+	if err := w.sim.FlushConntrack(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -426,3 +429,14 @@ func (w *world) policyYAML() string {
 }
 
 func simnodeMarshal(objs []runtime.Object) ([]byte, error) { return simnode.Marshal(objs...) }
+
+// requireIncremental fails if any incremental sync fell back to replacing the table, which
+// would hide a bug in the incremental (netlink) path behind a working full sync.
+func (w *world) requireIncremental(t *testing.T) {
+	t.Helper()
+	for _, line := range strings.Split(w.sim.Log(), "\n") {
+		if strings.Contains(line, "fallbackReason") {
+			t.Errorf("an incremental sync fell back to a full one: %s", line)
+		}
+	}
+}

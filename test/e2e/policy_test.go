@@ -148,6 +148,7 @@ func runScenarios(t *testing.T, w *world) {
 		w.apply(t)
 		w.check(t, sc.name)
 	}
+	w.requireIncremental(t)
 }
 
 func TestSemanticsRoutedDualStack(t *testing.T) {

@@ -201,6 +201,7 @@ func TestRandomizedAgainstOracle(t *testing.T) {
 				w.apply(t)
 				w.check(t, fmt.Sprintf("seed %d round %d", s, round))
 			}
+			w.requireIncremental(t)
 		})
 	}
 }
