@@ -37,7 +37,8 @@ type Compiler struct {
 	podPtr    map[string]*corev1.Pod // every pod of the previous snapshot
 	pods      map[string]*podInfo    // its eligible pods
 	local     map[string]*podInfo    // its eligible pods on this node
-	podsPerNS map[string]int         // eligible pods per namespace, to know implied namespaces
+	byNS      map[string]map[string]*podInfo // eligible pods per namespace
+	byPort    map[string]map[string]*podInfo // eligible pods per container port name
 	nsPtr     map[string]*corev1.Namespace
 	nsLabels  map[string]labels.Set // including namespaces implied by pods
 
@@ -55,7 +56,8 @@ func NewCompiler(node string) *Compiler {
 		podPtr:    map[string]*corev1.Pod{},
 		pods:      map[string]*podInfo{},
 		local:     map[string]*podInfo{},
-		podsPerNS: map[string]int{},
+		byNS:      map[string]map[string]*podInfo{},
+		byPort:    map[string]map[string]*podInfo{},
 		nsPtr:     map[string]*corev1.Namespace{},
 		nsLabels:  map[string]labels.Set{},
 		policies:  map[*networkingv1.NetworkPolicy]*compiledPolicy{},
@@ -219,8 +221,9 @@ func (cc *Compiler) setPod(key string, old, cur *podInfo) {
 	if old != nil {
 		delete(cc.pods, key)
 		delete(cc.local, key)
-		if cc.podsPerNS[old.pod.Namespace]--; cc.podsPerNS[old.pod.Namespace] == 0 {
-			delete(cc.podsPerNS, old.pod.Namespace)
+		removeFrom(cc.byNS, old.pod.Namespace, key)
+		for _, name := range portNames(old.pod) {
+			removeFrom(cc.byPort, name, key)
 		}
 	}
 	if cur != nil {
@@ -228,8 +231,41 @@ func (cc *Compiler) setPod(key string, old, cur *podInfo) {
 		if cur.pod.Spec.NodeName == cc.node {
 			cc.local[key] = cur
 		}
-		cc.podsPerNS[cur.pod.Namespace]++
+		addTo(cc.byNS, cur.pod.Namespace, key, cur)
+		for _, name := range portNames(cur.pod) {
+			addTo(cc.byPort, name, key, cur)
+		}
 	}
+}
+
+func addTo(index map[string]map[string]*podInfo, group, key string, pi *podInfo) {
+	m := index[group]
+	if m == nil {
+		m = map[string]*podInfo{}
+		index[group] = m
+	}
+	m[key] = pi
+}
+
+func removeFrom(index map[string]map[string]*podInfo, group, key string) {
+	if m := index[group]; m != nil {
+		delete(m, key)
+		if len(m) == 0 {
+			delete(index, group)
+		}
+	}
+}
+
+func portNames(pod *corev1.Pod) []string {
+	var names []string
+	for _, ctr := range pod.Spec.Containers {
+		for _, cp := range ctr.Ports {
+			if cp.Name != "" {
+				names = append(names, cp.Name)
+			}
+		}
+	}
+	return names
 }
 
 // diffNamespaces refreshes namespace labels and reports whether any namespace appeared,
@@ -245,7 +281,7 @@ func (cc *Compiler) diffNamespaces(st *cluster.State) bool {
 		}
 	}
 	implied := 0
-	for ns := range cc.podsPerNS {
+	for ns := range cc.byNS {
 		if _, ok := st.Namespaces[ns]; !ok {
 			implied++
 			if _, known := cc.nsLabels[ns]; !known {
@@ -262,7 +298,7 @@ func (cc *Compiler) diffNamespaces(st *cluster.State) bool {
 		cc.nsPtr[name] = ns
 		cc.nsLabels[name] = labels.Set(ns.Labels)
 	}
-	for ns := range cc.podsPerNS {
+	for ns := range cc.byNS {
 		if _, ok := cc.nsLabels[ns]; !ok {
 			// A pod proves its namespace exists even when the Namespace object is not (yet)
 			// known, e.g. a manifests directory that declares no namespaces.

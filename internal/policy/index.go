@@ -6,7 +6,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 )
 
 // podInfo is an eligible pod: running or pending with IPs, not on the host network.
@@ -15,63 +14,6 @@ type podInfo struct {
 	key    string
 	ips    []netip.Addr
 	labels labels.Set
-}
-
-// labelIndex finds the objects a selector may match without testing every object: a
-// selector's equality, In or Exists requirement narrows the candidates to one posting list.
-type labelIndex[T any] struct {
-	all     []T
-	byValue map[string]map[string][]T // label key -> value -> objects
-	byKey   map[string][]T            // label key -> objects having it
-}
-
-func newLabelIndex[T any]() *labelIndex[T] {
-	return &labelIndex[T]{byValue: map[string]map[string][]T{}, byKey: map[string][]T{}}
-}
-
-func (ix *labelIndex[T]) add(obj T, l map[string]string) {
-	ix.all = append(ix.all, obj)
-	for k, v := range l {
-		m := ix.byValue[k]
-		if m == nil {
-			m = map[string][]T{}
-			ix.byValue[k] = m
-		}
-		m[v] = append(m[v], obj)
-		ix.byKey[k] = append(ix.byKey[k], obj)
-	}
-}
-
-// candidates returns a superset of the objects sel matches, as small as one requirement
-// allows. The caller still tests each candidate against the whole selector.
-func (ix *labelIndex[T]) candidates(sel labels.Selector) []T {
-	reqs, selectable := sel.Requirements()
-	if !selectable {
-		return nil
-	}
-	best := ix.all
-	for _, r := range reqs {
-		var list []T
-		switch r.Operator() {
-		case selection.Equals, selection.DoubleEquals, selection.In:
-			vals := r.Values().UnsortedList()
-			if len(vals) == 1 {
-				list = ix.byValue[r.Key()][vals[0]]
-			} else {
-				for _, v := range vals {
-					list = append(list, ix.byValue[r.Key()][v]...)
-				}
-			}
-		case selection.Exists:
-			list = ix.byKey[r.Key()]
-		default:
-			continue
-		}
-		if len(list) < len(best) {
-			best = list
-		}
-	}
-	return best
 }
 
 // selectorCache parses each LabelSelector once. Policies in a snapshot are immutable and

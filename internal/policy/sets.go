@@ -212,86 +212,29 @@ func (m *multiset[T]) takeDelta() (added, removed []T) {
 	return added, removed
 }
 
-// podIndex finds candidate pods for a selector when a set is computed from scratch.
-type podIndex struct {
-	byNS       map[string]*labelIndex[*podInfo]
-	all        *labelIndex[*podInfo]
-	byPortName map[string][]*podInfo
-	namespaces *labelIndex[string]
-	nsMatches  map[string]map[string]bool
-}
-
-func (cc *Compiler) buildIndex() *podIndex {
-	ix := &podIndex{byNS: map[string]*labelIndex[*podInfo]{}, all: newLabelIndex[*podInfo](),
-		byPortName: map[string][]*podInfo{}, namespaces: newLabelIndex[string](), nsMatches: map[string]map[string]bool{}}
-	for _, pi := range cc.pods {
-		ix.all.add(pi, pi.labels)
-		nsIx := ix.byNS[pi.pod.Namespace]
-		if nsIx == nil {
-			nsIx = newLabelIndex[*podInfo]()
-			ix.byNS[pi.pod.Namespace] = nsIx
-		}
-		nsIx.add(pi, pi.labels)
-		for _, ctr := range pi.pod.Spec.Containers {
-			for _, cp := range ctr.Ports {
-				if cp.Name != "" {
-					ix.byPortName[cp.Name] = append(ix.byPortName[cp.Name], pi)
-				}
-			}
-		}
-	}
-	for ns, l := range cc.nsLabels {
-		ix.namespaces.add(ns, l)
-	}
-	return ix
-}
-
-func (ix *podIndex) matchNamespaces(p *parsedSelector, nsLabels map[string]labels.Set) map[string]bool {
-	if m, ok := ix.nsMatches[p.key]; ok {
-		return m
-	}
-	m := map[string]bool{}
-	for _, ns := range ix.namespaces.candidates(p.sel) {
-		if p.sel.Matches(nsLabels[ns]) {
-			m[ns] = true
-		}
-	}
-	ix.nsMatches[p.key] = m
-	return m
-}
-
-// computeAddrSet evaluates a set from scratch, walking the smaller of the pods the pod
-// selector narrows to and the pods of the matching namespaces.
-func (cc *Compiler) computeAddrSet(d addrSetDef, ix *podIndex) *addrSetState {
+// computeAddrSet evaluates a set from scratch over the pods of the namespaces it can match.
+func (cc *Compiler) computeAddrSet(d addrSetDef, nsMatches map[string][]string) *addrSetState {
 	st := newAddrSetState(d)
-	var cands []*podInfo
-	if d.nsSel == nil {
-		if nsIx := ix.byNS[d.policyNS]; nsIx != nil {
-			cands = nsIx.candidates(d.podSel.sel)
-		}
-	} else {
-		nsSet := ix.matchNamespaces(d.nsSel, cc.nsLabels)
-		cands = ix.all.candidates(d.podSel.sel)
-		nsPods := 0
-		for ns := range nsSet {
-			if nsIx := ix.byNS[ns]; nsIx != nil {
-				nsPods += len(nsIx.all)
-			}
-		}
-		if nsPods < len(cands) {
-			cands = nil
-			for ns := range nsSet {
-				if nsIx := ix.byNS[ns]; nsIx != nil {
-					cands = append(cands, nsIx.candidates(d.podSel.sel)...)
+	namespaces := []string{d.policyNS}
+	if d.nsSel != nil {
+		var ok bool
+		if namespaces, ok = nsMatches[d.nsSel.key]; !ok {
+			namespaces = nil
+			for ns := range cc.byNS {
+				if d.nsSel.sel.Matches(cc.nsLabels[ns]) {
+					namespaces = append(namespaces, ns)
 				}
 			}
+			nsMatches[d.nsSel.key] = namespaces
 		}
 	}
 	var all []netip.Addr
-	for _, pi := range cands {
-		if d.matches(pi, cc.nsLabels) {
-			st.members[pi.key] = pi.ips
-			all = append(all, pi.ips...)
+	for _, ns := range namespaces {
+		for key, pi := range cc.byNS[ns] {
+			if d.podSel.sel.Matches(pi.labels) {
+				st.members[key] = pi.ips
+				all = append(all, pi.ips...)
+			}
 		}
 	}
 	st.content.build(all)
@@ -304,20 +247,14 @@ func (cc *Compiler) computeAddrSet(d addrSetDef, ix *podIndex) *addrSetState {
 // scratch. It returns how many sets were computed from scratch.
 func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, namedDefs map[string]namedSetDef, changes []podChange, nsChanged bool) int {
 	bulk := len(changes) > len(cc.pods)/4+16
-	var ix *podIndex
-	index := func() *podIndex {
-		if ix == nil {
-			ix = cc.buildIndex()
-		}
-		return ix
-	}
+	nsMatches := map[string][]string{}
 	recomputed := 0
 
 	addr := make(map[string]*addrSetState, len(addrDefs))
 	for name, d := range addrDefs {
 		st := cc.addrSets[name]
 		if st == nil || bulk || (nsChanged && d.nsSel != nil) {
-			fresh := cc.computeAddrSet(d, index())
+			fresh := cc.computeAddrSet(d, nsMatches)
 			recomputed++
 			if st == nil {
 				fresh.publish()
@@ -354,9 +291,9 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 		if st == nil || bulk {
 			fresh := newNamedSetState(d)
 			var all []netip.AddrPort
-			for _, pi := range index().byPortName[d.portName] {
+			for key, pi := range cc.byPort[d.portName] {
 				if e := d.entries(pi); len(e) > 0 {
-					fresh.members[pi.key] = e
+					fresh.members[key] = e
 					all = append(all, e...)
 				}
 			}
