@@ -34,13 +34,13 @@ type Compiler struct {
 	node string
 	sels selectorCache
 
-	podPtr    map[string]*corev1.Pod // every pod of the previous snapshot
-	pods      map[string]*podInfo    // its eligible pods
-	local     map[string]*podInfo    // its eligible pods on this node
-	byNS      map[string]map[string]*podInfo // eligible pods per namespace
-	byPort    map[string]map[string]*podInfo // eligible pods per container port name
-	nsPtr     map[string]*corev1.Namespace
-	nsLabels  map[string]labels.Set // including namespaces implied by pods
+	podPtr   map[string]*corev1.Pod         // every pod of the previous snapshot
+	pods     map[string]*podInfo            // its eligible pods
+	local    map[string]*podInfo            // its eligible pods on this node
+	byNS     map[string]map[string]*podInfo // eligible pods per namespace
+	byPort   map[string]map[string]*podInfo // eligible pods per container port name
+	nsPtr    map[string]*corev1.Namespace
+	nsLabels map[string]labels.Set // including namespaces implied by pods
 
 	policies  map[*networkingv1.NetworkPolicy]*compiledPolicy
 	addrSets  map[string]*addrSetState
