@@ -45,3 +45,26 @@ type Source interface {
 	// Snapshot returns the current state. The result is never mutated afterwards.
 	Snapshot() *State
 }
+
+// Clone returns a new State sharing every object with s, as a source's next snapshot does.
+func (s *State) Clone() *State {
+	out := &State{
+		Namespaces: make(map[string]*corev1.Namespace, len(s.Namespaces)),
+		Pods:       make(map[string]*corev1.Pod, len(s.Pods)),
+		Policies:   make(map[string]*networkingv1.NetworkPolicy, len(s.Policies)),
+		Nodes:      make(map[string]*corev1.Node, len(s.Nodes)),
+	}
+	for k, v := range s.Namespaces {
+		out.Namespaces[k] = v
+	}
+	for k, v := range s.Pods {
+		out.Pods[k] = v
+	}
+	for k, v := range s.Policies {
+		out.Policies[k] = v
+	}
+	for k, v := range s.Nodes {
+		out.Nodes[k] = v
+	}
+	return out
+}

@@ -14,23 +14,6 @@ import (
 	"github.com/netwarden/netwarden/internal/synth"
 )
 
-// clone copies the maps of a state, so a mutation yields a new snapshot as sources do.
-func clone(st *cluster.State) *cluster.State {
-	out := cluster.NewState()
-	for k, v := range st.Namespaces {
-		out.Namespaces[k] = v
-	}
-	for k, v := range st.Pods {
-		out.Pods[k] = v
-	}
-	for k, v := range st.Policies {
-		out.Policies[k] = v
-	}
-	for k, v := range st.Nodes {
-		out.Nodes[k] = v
-	}
-	return out
-}
 
 // TestIncrementalCompileEqualsFresh drives one Compiler through random changes and checks
 // after each that its result equals a fresh compile of the same snapshot: the incremental
@@ -49,7 +32,7 @@ func TestIncrementalCompileEqualsFresh(t *testing.T) {
 		return sortedStrings(ks)
 	}
 	for step := 0; step < 300; step++ {
-		next := clone(st)
+		next := st.Clone()
 		keys := podKeys(next)
 		what := ""
 		switch r.IntN(7) {

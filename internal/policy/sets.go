@@ -44,29 +44,79 @@ func (d addrSetDef) matches(pi *podInfo, nsLabels map[string]labels.Set) bool {
 	return d.podSel.sel.Matches(pi.labels)
 }
 
-type addrSetState struct {
-	def       addrSetDef
-	members   map[string][]netip.Addr // pod key -> its IPs
-	content   *multiset[netip.Addr]
-	published *AddrSet
+// members records which pods contribute which values to a set, and the resulting content.
+type members[T comparable] struct {
+	byPod   map[string][]T
+	content *multiset[T]
 }
 
-func newAddrSetState(d addrSetDef) *addrSetState {
-	return &addrSetState{def: d, members: map[string][]netip.Addr{}, content: newMultiset(netip.Addr.Compare)}
+func newMembers[T comparable](cmp func(a, b T) int) members[T] {
+	return members[T]{byPod: map[string][]T{}, content: newMultiset(cmp)}
 }
 
-func (s *addrSetState) setMember(key string, ips []netip.Addr) {
-	for _, ip := range s.members[key] {
-		s.content.remove(ip)
+// set makes vals the contribution of pod key; nil removes the pod.
+func (m *members[T]) set(key string, vals []T) {
+	for _, v := range m.byPod[key] {
+		m.content.remove(v)
 	}
-	if ips == nil {
-		delete(s.members, key)
+	if vals == nil {
+		delete(m.byPod, key)
 	} else {
-		s.members[key] = ips
+		m.byPod[key] = vals
 	}
-	for _, ip := range ips {
-		s.content.add(ip)
+	for _, v := range vals {
+		m.content.add(v)
 	}
+}
+
+// fill sets the contributions of an empty members at once.
+func (m *members[T]) fill(byPod map[string][]T) {
+	var all []T
+	for key, vals := range byPod {
+		m.byPod[key] = vals
+		all = append(all, vals...)
+	}
+	m.content.build(all)
+}
+
+// apply updates the contributions of the changed pods; valuesOf gives a pod's values, or nil
+// when it does not belong.
+func (m *members[T]) apply(changes []podChange, valuesOf func(*podInfo) []T) {
+	for _, ch := range changes {
+		var now []T
+		if ch.new != nil {
+			now = valuesOf(ch.new)
+		}
+		old, was := m.byPod[ch.key]
+		switch {
+		case was && slices.Equal(old, now):
+		case len(now) > 0:
+			m.set(ch.key, now)
+		case was:
+			m.set(ch.key, nil)
+		}
+	}
+}
+
+// replaceWith takes fresh's contributions while recording the difference from the current
+// content, so a set recomputed from scratch is still published as a delta.
+func (m *members[T]) replaceWith(fresh map[string][]T) {
+	for key := range m.byPod {
+		if _, ok := fresh[key]; !ok {
+			m.set(key, nil)
+		}
+	}
+	for key, vals := range fresh {
+		if !slices.Equal(m.byPod[key], vals) {
+			m.set(key, vals)
+		}
+	}
+}
+
+type addrSetState struct {
+	def addrSetDef
+	members[netip.Addr]
+	published *AddrSet
 }
 
 func (s *addrSetState) publish() {
@@ -107,28 +157,9 @@ func (d namedSetDef) entries(pi *podInfo) []netip.AddrPort {
 }
 
 type namedSetState struct {
-	def       namedSetDef
-	members   map[string][]netip.AddrPort
-	content   *multiset[netip.AddrPort]
+	def namedSetDef
+	members[netip.AddrPort]
 	published *NamedPortSet
-}
-
-func newNamedSetState(d namedSetDef) *namedSetState {
-	return &namedSetState{def: d, members: map[string][]netip.AddrPort{}, content: newMultiset(netip.AddrPort.Compare)}
-}
-
-func (s *namedSetState) setMember(key string, entries []netip.AddrPort) {
-	for _, e := range s.members[key] {
-		s.content.remove(e)
-	}
-	if entries == nil {
-		delete(s.members, key)
-	} else {
-		s.members[key] = entries
-	}
-	for _, e := range entries {
-		s.content.add(e)
-	}
 }
 
 func (s *namedSetState) publish() {
@@ -212,9 +243,8 @@ func (m *multiset[T]) takeDelta() (added, removed []T) {
 	return added, removed
 }
 
-// computeAddrSet evaluates a set from scratch over the pods of the namespaces it can match.
-func (cc *Compiler) computeAddrSet(d addrSetDef, nsMatches map[string][]string) *addrSetState {
-	st := newAddrSetState(d)
+// addrSetMembers evaluates a set from scratch over the pods of the namespaces it can match.
+func (cc *Compiler) addrSetMembers(d addrSetDef, nsMatches map[string][]string) map[string][]netip.Addr {
 	namespaces := []string{d.policyNS}
 	if d.nsSel != nil {
 		var ok bool
@@ -228,17 +258,25 @@ func (cc *Compiler) computeAddrSet(d addrSetDef, nsMatches map[string][]string) 
 			nsMatches[d.nsSel.key] = namespaces
 		}
 	}
-	var all []netip.Addr
+	out := map[string][]netip.Addr{}
 	for _, ns := range namespaces {
 		for key, pi := range cc.byNS[ns] {
 			if d.podSel.sel.Matches(pi.labels) {
-				st.members[key] = pi.ips
-				all = append(all, pi.ips...)
+				out[key] = pi.ips
 			}
 		}
 	}
-	st.content.build(all)
-	return st
+	return out
+}
+
+func (cc *Compiler) namedSetMembers(d namedSetDef) map[string][]netip.AddrPort {
+	out := map[string][]netip.AddrPort{}
+	for key, pi := range cc.byPort[d.portName] {
+		if e := d.entries(pi); len(e) > 0 {
+			out[key] = e
+		}
+	}
+	return out
 }
 
 // updateSets publishes every set the compiled policies use. A set whose inputs did not change
@@ -253,31 +291,23 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 	addr := make(map[string]*addrSetState, len(addrDefs))
 	for name, d := range addrDefs {
 		st := cc.addrSets[name]
-		if st == nil || bulk || (nsChanged && d.nsSel != nil) {
-			fresh := cc.computeAddrSet(d, nsMatches)
+		switch {
+		case st == nil:
+			st = &addrSetState{def: d, members: newMembers(netip.Addr.Compare)}
+			st.fill(cc.addrSetMembers(d, nsMatches))
 			recomputed++
-			if st == nil {
-				fresh.publish()
-				st = fresh
-			} else {
-				// Recomputed from scratch, but published as a difference from what the
-				// previous version held.
-				st.replaceWith(fresh)
-			}
-		} else {
-			for _, ch := range changes {
-				old, was := st.members[ch.key]
-				now := ch.new != nil && d.matches(ch.new, cc.nsLabels)
-				switch {
-				case was && now && slices.Equal(old, ch.new.ips):
-				case now:
-					st.setMember(ch.key, ch.new.ips)
-				case was:
-					st.setMember(ch.key, nil)
+		case bulk || (nsChanged && d.nsSel != nil):
+			st.replaceWith(cc.addrSetMembers(d, nsMatches))
+			recomputed++
+		default:
+			st.apply(changes, func(pi *podInfo) []netip.Addr {
+				if d.matches(pi, cc.nsLabels) {
+					return pi.ips
 				}
-			}
+				return nil
+			})
 		}
-		if st.content.dirty() {
+		if st.published == nil || st.content.dirty() {
 			st.publish()
 		}
 		addr[name] = st
@@ -288,40 +318,18 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 	named := make(map[string]*namedSetState, len(namedDefs))
 	for name, d := range namedDefs {
 		st := cc.namedSets[name]
-		if st == nil || bulk {
-			fresh := newNamedSetState(d)
-			var all []netip.AddrPort
-			for key, pi := range cc.byPort[d.portName] {
-				if e := d.entries(pi); len(e) > 0 {
-					fresh.members[key] = e
-					all = append(all, e...)
-				}
-			}
-			fresh.content.build(all)
+		switch {
+		case st == nil:
+			st = &namedSetState{def: d, members: newMembers(netip.AddrPort.Compare)}
+			st.fill(cc.namedSetMembers(d))
 			recomputed++
-			if st == nil {
-				fresh.publish()
-				st = fresh
-			} else {
-				st.replaceWith(fresh)
-			}
-		} else {
-			for _, ch := range changes {
-				old, was := st.members[ch.key]
-				var now []netip.AddrPort
-				if ch.new != nil {
-					now = d.entries(ch.new)
-				}
-				switch {
-				case was && slices.Equal(old, now):
-				case len(now) > 0:
-					st.setMember(ch.key, now)
-				case was:
-					st.setMember(ch.key, nil)
-				}
-			}
+		case bulk:
+			st.replaceWith(cc.namedSetMembers(d))
+			recomputed++
+		default:
+			st.apply(changes, d.entries)
 		}
-		if st.content.dirty() {
+		if st.published == nil || st.content.dirty() {
 			st.publish()
 		}
 		named[name] = st
@@ -335,35 +343,6 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 		}
 	}
 	return recomputed
-}
-
-// replaceWith takes fresh's members while recording the difference from the current content.
-func (s *addrSetState) replaceWith(fresh *addrSetState) {
-	for key := range s.members {
-		if _, ok := fresh.members[key]; !ok {
-			s.setMember(key, nil)
-		}
-	}
-	for key, ips := range fresh.members {
-		if !slices.Equal(s.members[key], ips) {
-			s.setMember(key, ips)
-		}
-	}
-	s.def = fresh.def
-}
-
-func (s *namedSetState) replaceWith(fresh *namedSetState) {
-	for key := range s.members {
-		if _, ok := fresh.members[key]; !ok {
-			s.setMember(key, nil)
-		}
-	}
-	for key, e := range fresh.members {
-		if !slices.Equal(s.members[key], e) {
-			s.setMember(key, e)
-		}
-	}
-	s.def = fresh.def
 }
 
 func cloneOrNil[T any](s []T) []T {

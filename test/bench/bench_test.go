@@ -106,19 +106,6 @@ type change struct {
 	apply func(st *cluster.State, i int)
 }
 
-func clone(st *cluster.State) *cluster.State {
-	out := cluster.NewState()
-	for k, v := range st.Namespaces {
-		out.Namespaces[k] = v
-	}
-	for k, v := range st.Pods {
-		out.Pods[k] = v
-	}
-	for k, v := range st.Policies {
-		out.Policies[k] = v
-	}
-	return out
-}
 
 // changes are the events of the incremental benchmark. Each is applied to the loaded base
 // state and then undone (unmeasured), so every measurement is one change on the same table.
@@ -189,7 +176,7 @@ func BenchmarkIncremental(b *testing.B) {
 					i := 0
 					for b.Loop() {
 						i++
-						next := clone(base)
+						next := base.Clone()
 						ch.apply(next, i)
 						start := time.Now()
 						rs, _ := c.Compile(next)
