@@ -14,7 +14,6 @@ import (
 	"github.com/netwarden/netwarden/internal/synth"
 )
 
-
 // TestIncrementalCompileEqualsFresh drives one Compiler through random changes and checks
 // after each that its result equals a fresh compile of the same snapshot: the incremental
 // shortcuts must never change the answer.

@@ -106,7 +106,6 @@ type change struct {
 	apply func(st *cluster.State, i int)
 }
 
-
 // changes are the events of the incremental benchmark. Each is applied to the loaded base
 // state and then undone (unmeasured), so every measurement is one change on the same table.
 var changes = []change{
