@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -46,6 +48,7 @@ type Sim struct {
 	log     bytes.Buffer
 	exited  chan struct{}
 	waitErr error
+	closers []io.Closer
 }
 
 // AgentBinary finds the agent binary for tests.
@@ -86,6 +89,9 @@ func New(opts Options) (*Sim, error) {
 // Close stops the agent and removes the namespaces and the manifests directory.
 func (s *Sim) Close() error {
 	s.StopAgent()
+	for _, c := range s.closers {
+		c.Close()
+	}
 	err := s.Bed.Close()
 	os.RemoveAll(s.Dir)
 	return err
@@ -166,13 +172,19 @@ func (s *Sim) SetState(objs ...runtime.Object) error {
 
 // StartAgent runs `netwarden agent --manifests` inside the node netns with extra flags.
 func (s *Sim) StartAgent(extra ...string) error {
+	return s.StartAgentArgs(append([]string{"--manifests", s.Dir}, extra...)...)
+}
+
+// StartAgentArgs runs `netwarden agent` inside the node netns with the node name, debug logs,
+// no health server, and the given flags (which must name a state source).
+func (s *Sim) StartAgentArgs(flags ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.agent != nil {
 		return errors.New("agent already running")
 	}
 	args := append([]string{"netns", "exec", s.Bed.NodeNetNSName(), s.bin, "agent",
-		"--manifests", s.Dir, "--node-name", s.NodeName, "--health-addr", "", "--log-level", "debug"}, extra...)
+		"--node-name", s.NodeName, "--health-addr", "", "--log-level", "debug"}, flags...)
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout = &lockedWriter{mu: &s.mu, w: &s.log}
 	cmd.Stderr = cmd.Stdout
@@ -277,6 +289,42 @@ func (s *Sim) FlushConntrack() error {
 	if err != nil && !strings.Contains(string(out), "0 flow entries") {
 		return fmt.Errorf("conntrack -F: %v: %s", err, out)
 	}
+	return nil
+}
+
+// ForwardFromNode makes addr (host:port on loopback) inside the node netns reach the same
+// address in the test's own network namespace, so an agent in the node netns can talk to a
+// kube-apiserver the test runs on loopback. It stops when the Sim closes.
+func (s *Sim) ForwardFromNode(addr string) error {
+	var ln net.Listener
+	if err := s.Bed.InNode(func() error {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
+		return fmt.Errorf("listening on %s in the node netns: %w", addr, err)
+	}
+	s.closers = append(s.closers, ln)
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer in.Close()
+				out, err := net.DialTimeout("tcp", addr, 5*time.Second)
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				done := make(chan struct{}, 2)
+				go func() { io.Copy(out, in); done <- struct{}{} }()
+				go func() { io.Copy(in, out); done <- struct{}{} }()
+				<-done
+			}()
+		}
+	}()
 	return nil
 }
 

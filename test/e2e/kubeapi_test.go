@@ -1,0 +1,90 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/netwarden/netwarden/internal/kubetest"
+	"github.com/netwarden/netwarden/internal/testbed"
+)
+
+// TestAgentWithKubeAPI runs the agent against a real kube-apiserver: objects are created and
+// changed through client-go (pod status written as a kubelet would), and packets follow.
+func TestAgentWithKubeAPI(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, testbed.Routed, true, true)
+	srv := kubetest.Start(t, kubetest.Options{})
+	client := srv.AdminClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	if err := kubetest.EnsureNamespace(ctx, client, "x", map[string]string{"team": "blue"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		tp, err := w.sim.Bed.AddPod("x", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.tpods["x/"+name] = tp
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: name, Labels: map[string]string{"pod": name}},
+			Spec: corev1.PodSpec{NodeName: w.sim.NodeName, Containers: []corev1.Container{{Name: "main", Image: "example.invalid/server",
+				Ports: []corev1.ContainerPort{{Name: "web", ContainerPort: 80, Protocol: corev1.ProtocolTCP}}}}},
+		}
+		created, err := client.CoreV1().Pods("x").Create(ctx, pod, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ips []string
+		for _, ip := range tp.IPs() {
+			ips = append(ips, ip.String())
+		}
+		if _, err := kubetest.SetPodRunning(ctx, client, created, ips...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	np := withIngress(netpol("x", "a-from-b", sel("pod", "a")), from(peers(podPeer(selp("pod", "b"))), namedPort(tcp, "web")))
+	if _, err := client.NetworkingV1().NetworkPolicies("x").Create(ctx, np, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := w.sim.ForwardFromNode(strings.TrimPrefix(srv.URL, "https://")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.sim.StartAgentArgs("--kubeconfig", srv.Kubeconfig(t, "")); err != nil {
+		t.Fatal(err)
+	}
+	expect := func(step string, bToA, cToA bool) {
+		t.Helper()
+		waitFor(t, 15*time.Second, step, func() bool {
+			return tcpProbe(w, "x/b", "x/a", 80) == bToA && tcpProbe(w, "x/c", "x/a", 80) == cToA
+		})
+	}
+	expect("policy from the API enforced", true, false)
+
+	// A label change through the API moves pod c into the allowed peers and b out of them.
+	for name, label := range map[string]string{"b": "z", "c": "b"} {
+		p, err := client.CoreV1().Pods("x").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Labels["pod"] = label
+		if _, err := client.CoreV1().Pods("x").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect("labels changed through the API", false, true)
+
+	// Deleting the policy opens the pod again.
+	if err := client.NetworkingV1().NetworkPolicies("x").Delete(ctx, "a-from-b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("policy deleted through the API", true, true)
+	w.requireIncremental(t)
+}
