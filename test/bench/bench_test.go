@@ -149,6 +149,8 @@ var changes = []change{
 	}},
 }
 
+const incrementalChanges = 40
+
 // BenchmarkIncremental measures single changes on a loaded node, each from the new snapshot to
 // the kernel updated (compile, render, diff and one nft transaction), and the size of that
 // transaction, at 1x and 10x the cluster.
@@ -172,28 +174,30 @@ func BenchmarkIncremental(b *testing.B) {
 					if _, err := be.FullSync(context.Background(), rs); err != nil {
 						return err
 					}
-					i := 0
+					// A fixed number of changes per run, so that `-benchtime 1x` still
+					// yields percentiles.
 					for b.Loop() {
-						i++
-						next := base.Clone()
-						ch.apply(next, i)
-						start := time.Now()
-						rs, _ := c.Compile(next)
-						res, err := be.Sync(context.Background(), rs)
-						if err != nil {
-							return err
+						for i := 1; i <= incrementalChanges; i++ {
+							next := base.Clone()
+							ch.apply(next, i)
+							start := time.Now()
+							rs, _ := c.Compile(next)
+							res, err := be.Sync(context.Background(), rs)
+							if err != nil {
+								return err
+							}
+							latencies = append(latencies, time.Since(start))
+							ops = append(ops, res.Operations)
+							if res.Full {
+								return fmt.Errorf("incremental sync fell back to a full one: %s", res.Fallback)
+							}
+							b.StopTimer()
+							rs, _ = c.Compile(base)
+							if _, err := be.Sync(context.Background(), rs); err != nil {
+								return err
+							}
+							b.StartTimer()
 						}
-						latencies = append(latencies, time.Since(start))
-						ops = append(ops, res.Operations)
-						if res.Full {
-							return fmt.Errorf("incremental sync fell back to a full one: %s", res.Fallback)
-						}
-						b.StopTimer()
-						rs, _ = c.Compile(base)
-						if _, err := be.Sync(context.Background(), rs); err != nil {
-							return err
-						}
-						b.StartTimer()
 					}
 					return be.Verify(context.Background())
 				})
@@ -253,13 +257,13 @@ func BenchmarkConnRate(b *testing.B) {
 	}
 	var without, hooks, with []float64
 	for b.Loop() {
-		for round := 0; round < 5; round++ {
+		for round := 0; round < 7; round++ {
 			load(nil)
-			without = append(without, connect(b, client, dst, 2*time.Second, 4))
+			without = append(without, connect(b, client, dst, 3*time.Second, 4))
 			load(empty)
-			hooks = append(hooks, connect(b, client, dst, 2*time.Second, 4))
+			hooks = append(hooks, connect(b, client, dst, 3*time.Second, 4))
 			load(rs)
-			with = append(with, connect(b, client, dst, 2*time.Second, 4))
+			with = append(with, connect(b, client, dst, 3*time.Second, 4))
 		}
 	}
 	median := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
