@@ -48,6 +48,18 @@ func TestCommands(t *testing.T) {
 		t.Fatal("agent --once did not enforce the policy")
 	}
 
+	// Turning NetworkPolicy off removes our rules rather than leaving them enforcing.
+	out, err = w.sim.RunAgent(ctx, append([]string{"agent", "--once", "--health-addr", "", "--network-policy=false"}, state...)...)
+	if err != nil {
+		t.Fatalf("agent --network-policy=false: %v\n%s", err, out)
+	}
+	if blocked() {
+		t.Fatal("--network-policy=false left the policy enforced")
+	}
+	if out, err := w.sim.RunAgent(ctx, append([]string{"agent", "--once", "--health-addr", ""}, state...)...); err != nil || !blocked() {
+		t.Fatalf("agent --once again: %v\n%s", err, out)
+	}
+
 	out, err = w.sim.RunAgent(ctx, "cleanup")
 	if err != nil {
 		t.Fatalf("cleanup: %v\n%s", err, out)
