@@ -3,15 +3,14 @@
 //
 // Layout (table inet netwarden):
 //
-//	forward-egress  (hook forward, priority filter-2)  ip saddr vmap @dispatch-out-v4 ...
-//	forward-ingress (hook forward, priority filter-1)  ip daddr vmap @dispatch-in-v4 ...
-//	input-egress    (hook input,   priority filter-1)  pod-to-node traffic, judged as the pod's egress
+//	prerouting-egress (hook prerouting, priority filter)  ip saddr vmap @dispatch-out-v4 ...
+//	forward-ingress   (hook forward, priority filter)     ip daddr vmap @dispatch-in-v4 ...
 //	grp-<dir>-<hash>  jump to each selecting policy's chain, then drop
 //	in/<ns>/<name>, out/<ns>/<name>  one policy's allow rules, each ending in accept
 //
-// An accept ends only the current base chain, so a packet allowed by egress still meets the
-// destination's ingress in the next base chain. Per packet, the work is one map lookup per
-// direction plus the rules of the policies that select that pod.
+// Egress and ingress live at different hooks, so an accept of one never skips the other.
+// Per packet, the work is one map lookup per direction plus the rules of the policies that
+// select that pod.
 package nftables
 
 import (
@@ -30,9 +29,8 @@ import (
 const TableName = "netwarden"
 
 const (
-	chainForwardEgress  = "forward-egress"
-	chainForwardIngress = "forward-ingress"
-	chainInputEgress    = "input-egress"
+	chainPreroutingEgress = "prerouting-egress"
+	chainForwardIngress   = "forward-ingress"
 )
 
 // dispatchMap names the verdict map for a direction and family.
@@ -163,23 +161,20 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	}
 
 	prelude := []string{"ct state established,related accept", ndTypes}
-	r.Chains[chainForwardEgress] = &chain{
-		base: baseChain(chainForwardEgress, knftables.ForwardHook, "filter - 2"),
+	// Egress is judged where every packet from a pod enters the node, whether it is then
+	// forwarded or delivered to the node itself; after DNAT (priority dstnat), so a Service
+	// address is already its endpoint. Ingress is judged on the way to a pod.
+	r.Chains[chainPreroutingEgress] = &chain{
+		base: baseChain(chainPreroutingEgress, knftables.PreroutingHook, "filter"),
 		rules: append(prelude[:2:2],
 			"ip saddr vmap @"+dispatchMap(policy.Egress, false),
 			"ip6 saddr vmap @"+dispatchMap(policy.Egress, true)),
 	}
 	r.Chains[chainForwardIngress] = &chain{
-		base: baseChain(chainForwardIngress, knftables.ForwardHook, "filter - 1"),
+		base: baseChain(chainForwardIngress, knftables.ForwardHook, "filter"),
 		rules: append(prelude[:2:2],
 			"ip daddr vmap @"+dispatchMap(policy.Ingress, false),
 			"ip6 daddr vmap @"+dispatchMap(policy.Ingress, true)),
-	}
-	r.Chains[chainInputEgress] = &chain{
-		base: baseChain(chainInputEgress, knftables.InputHook, "filter - 1"),
-		rules: append(prelude[:2:2],
-			"ip saddr vmap @"+dispatchMap(policy.Egress, false),
-			"ip6 saddr vmap @"+dispatchMap(policy.Egress, true)),
 	}
 
 	for name, g := range rs.Groups {
