@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -36,6 +38,7 @@ type Agent struct {
 	cfg      Config
 	log      *slog.Logger
 	compiler *policy.Compiler
+	metrics  *metrics
 	ready    atomic.Bool
 	trigger  chan struct{}
 	// lastEvent is when the oldest unprocessed change was seen, for programming latency.
@@ -53,7 +56,7 @@ func New(cfg Config) *Agent {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Agent{cfg: cfg, log: cfg.Logger, trigger: make(chan struct{}, 1), compiler: policy.NewCompiler(cfg.NodeName)}
+	return &Agent{cfg: cfg, log: cfg.Logger, trigger: make(chan struct{}, 1), compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics()}
 }
 
 func (a *Agent) notify() {
@@ -130,6 +133,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	if a.cfg.Policy != nil {
+		a.metrics.backendInfo.WithLabelValues("network-policy", a.cfg.Policy.Name()).Set(1)
+		a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()) // exported as 0 from the start
+	}
 	srcErr := a.startSource(ctx)
 	if err := a.waitSynced(ctx, srcErr); err != nil {
 		if ctx.Err() != nil {
@@ -163,6 +170,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if pending {
 			pending = false
 			if err := a.syncOnce(ctx, full); err != nil {
+				a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()).Inc()
 				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
 				a.log.Error("sync failed; the kernel keeps the last applied rules", "err", err, "retryIn", backoff)
 				retry.Reset(backoff)
@@ -191,6 +199,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-resync.C:
 			if err := a.cfg.Policy.Verify(ctx); err != nil {
 				a.log.Warn("repairing kernel state", "reason", err)
+				a.metrics.driftRepairs.Inc()
 				full, pending = true, true
 			}
 		}
@@ -212,6 +221,10 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 	if err != nil {
 		a.lastEvent.CompareAndSwap(0, seen)
 		return err
+	}
+	a.metrics.observeSync(a.cfg.Policy.Name(), res, stats, time.Since(start).Seconds())
+	if seen != 0 {
+		a.metrics.programLatency.Observe(time.Since(time.Unix(0, seen)).Seconds())
 	}
 	attrs := []any{"backend", a.cfg.Policy.Name(), "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", time.Since(compiled).Round(time.Microsecond),
@@ -237,6 +250,7 @@ func (a *Agent) serveHealth(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.ready.Load() {
 			http.Error(w, "not ready: first sync has not completed", http.StatusServiceUnavailable)

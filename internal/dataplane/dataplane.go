@@ -14,7 +14,12 @@ type SyncResult struct {
 	Operations int  // commands in the transaction; 0 means the kernel already matched
 	// Fallback, when set, is why an incremental sync had to replace everything instead.
 	Fallback string
+	// Size is what the kernel holds for this backend after the sync.
+	Size Size
 }
+
+// Size counts the objects a backend keeps in the kernel.
+type Size struct{ Chains, Rules, Sets, Elements int }
 
 // PolicyBackend programs a policy.Ruleset into the kernel.
 type PolicyBackend interface {

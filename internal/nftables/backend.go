@@ -69,7 +69,7 @@ func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.S
 	if b.applied != nil {
 		p := diff(b.applied, want)
 		if p.empty() {
-			return dataplane.SyncResult{}, nil
+			return dataplane.SyncResult{Size: want.size()}, nil
 		}
 		var err error
 		ops := p.operations(want)
@@ -83,7 +83,7 @@ func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.S
 		if err == nil {
 			b.applied = want
 			b.syncedSince = true
-			return dataplane.SyncResult{Operations: ops}, nil
+			return dataplane.SyncResult{Operations: ops, Size: want.size()}, nil
 		}
 		// The kernel no longer holds what we think; replace everything.
 		res, ferr := b.FullSyncRendered(ctx, want)
@@ -106,7 +106,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 	}
 	b.applied = want
 	b.syncedSince = true
-	return dataplane.SyncResult{Full: true, Operations: tx.NumOperations()}, nil
+	return dataplane.SyncResult{Full: true, Operations: tx.NumOperations(), Size: want.size()}, nil
 }
 
 // WriteFull adds every object of r to tx, assuming an empty table.

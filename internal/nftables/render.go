@@ -22,6 +22,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -97,6 +98,11 @@ type Rendered struct {
 
 // Stats counts what a Rendered table holds.
 type Stats struct{ Chains, Rules, Sets, Elements int }
+
+func (r *Rendered) size() dataplane.Size {
+	s := r.Stats()
+	return dataplane.Size{Chains: s.Chains, Rules: s.Rules, Sets: s.Sets, Elements: s.Elements}
+}
 
 // Stats returns the object counts of r.
 func (r *Rendered) Stats() Stats {

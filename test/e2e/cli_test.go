@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -94,11 +95,13 @@ func TestCommands(t *testing.T) {
 	}
 }
 
-// TestHealthEndpoints checks /healthz and /readyz on the agent's health address.
-func TestHealthEndpoints(t *testing.T) {
+// TestHealthAndMetrics checks /healthz, /readyz and /metrics on the agent's health address.
+func TestHealthAndMetrics(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, testbed.Routed, true, false)
 	w.addPod(t, "x", "a", map[string]string{"pod": "a"})
+	w.addPod(t, "x", "b", map[string]string{"pod": "b"})
+	w.policies["x/deny"] = netpol("x", "deny", sel("pod", "a"))
 	if err := w.sim.SetState(w.objects()...); err != nil {
 		t.Fatal(err)
 	}
@@ -106,15 +109,40 @@ func TestHealthEndpoints(t *testing.T) {
 	if err := w.sim.StartAgent("--health-addr", addr); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "readyz 200", func() bool { return httpStatus(t, w, addr, "/readyz") == http.StatusOK })
-	if got := httpStatus(t, w, addr, "/healthz"); got != http.StatusOK {
-		t.Fatalf("/healthz = %d", got)
+	waitFor(t, 15*time.Second, "readyz 200", func() bool { status, _ := httpGet(w, addr, "/readyz"); return status == http.StatusOK })
+	if status, _ := httpGet(w, addr, "/healthz"); status != http.StatusOK {
+		t.Fatalf("/healthz = %d", status)
+	}
+	// A change after ready gives the programming-latency histogram a sample.
+	w.pods["x/b"].Labels["pod"] = "a"
+	w.apply(t)
+	status, body := httpGet(w, addr, "/metrics")
+	if status != http.StatusOK {
+		t.Fatalf("/metrics = %d", status)
+	}
+	for _, want := range []string{
+		`netwarden_sync_duration_seconds_count{backend="nftables",sync="full"} 1`,
+		`netwarden_sync_duration_seconds_count{backend="nftables",sync="partial"}`,
+		`netwarden_programming_latency_seconds_count`,
+		`netwarden_sync_errors_total`,
+		`netwarden_backend_info{backend="nftables",feature="network-policy"} 1`,
+		`netwarden_local_pods 2`,
+		`netwarden_local_pods_selected 2`,
+		`netwarden_policies_selecting_local_pods 1`,
+		`netwarden_kernel_objects{backend="nftables",kind="chains"}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(body, `netwarden_programming_latency_seconds_count 0`) {
+		t.Error("programming latency has no sample after a change")
 	}
 }
 
-// httpStatus issues a GET inside the node netns, where the agent listens on loopback.
-func httpStatus(t *testing.T, w *world, addr, path string) int {
-	status := 0
+// httpGet issues a GET inside the node netns, where the agent listens on loopback.
+func httpGet(w *world, addr, path string) (int, string) {
+	status, body := 0, ""
 	_ = w.sim.Bed.InNode(func() error {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err != nil {
@@ -126,9 +154,11 @@ func httpStatus(t *testing.T, w *world, addr, path string) int {
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		if err == nil {
 			status = resp.StatusCode
+			b, _ := io.ReadAll(resp.Body)
+			body = string(b)
 			resp.Body.Close()
 		}
 		return nil
 	})
-	return status
+	return status, body
 }

@@ -1,0 +1,89 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+// metrics are the agent's Prometheus metrics, on a registry of its own so that tests can run
+// several agents in one process.
+type metrics struct {
+	registry        *prometheus.Registry
+	syncDuration    *prometheus.HistogramVec
+	programLatency  prometheus.Histogram
+	syncErrors      *prometheus.CounterVec
+	driftRepairs    prometheus.Counter
+	kernelObjects   *prometheus.GaugeVec
+	backendInfo     *prometheus.GaugeVec
+	localPods       prometheus.Gauge
+	selectedPods    prometheus.Gauge
+	policiesApplied prometheus.Gauge
+}
+
+// Buckets from 1 ms to about 16 s: incremental syncs take milliseconds, a full sync of a large
+// node seconds.
+var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+
+func newMetrics() *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "netwarden_sync_duration_seconds", Buckets: latencyBuckets,
+			Help: "Time to compile the desired rules and apply them to the kernel, by backend and by full or partial sync.",
+		}, []string{"backend", "sync"}),
+		programLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "netwarden_programming_latency_seconds", Buckets: latencyBuckets,
+			Help: "Time from a change of cluster state being seen to the kernel holding it.",
+		}),
+		syncErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "netwarden_sync_errors_total",
+			Help: "Syncs that failed; the kernel kept the last applied rules.",
+		}, []string{"backend"}),
+		driftRepairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "netwarden_drift_repairs_total",
+			Help: "Times the kernel state was found changed by someone else and replaced.",
+		}),
+		kernelObjects: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "netwarden_kernel_objects",
+			Help: "Objects netwarden keeps in the kernel, by backend and kind (chains, rules, sets, elements).",
+		}, []string{"backend", "kind"}),
+		backendInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "netwarden_backend_info",
+			Help: "The kernel backend in use (value 1).",
+		}, []string{"feature", "backend"}),
+		localPods: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "netwarden_local_pods",
+			Help: "Pods on this node that take part in NetworkPolicy (running or pending, with IPs, not host network).",
+		}),
+		selectedPods: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "netwarden_local_pods_selected",
+			Help: "Local pods selected by at least one NetworkPolicy.",
+		}),
+		policiesApplied: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "netwarden_policies_selecting_local_pods",
+			Help: "NetworkPolicies that select at least one local pod.",
+		}),
+	}
+	m.registry.MustRegister(m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.kernelObjects,
+		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) observeSync(backend string, res dataplane.SyncResult, stats policy.Stats, seconds float64) {
+	kind := "partial"
+	if res.Full {
+		kind = "full"
+	}
+	m.syncDuration.WithLabelValues(backend, kind).Observe(seconds)
+	m.kernelObjects.WithLabelValues(backend, "chains").Set(float64(res.Size.Chains))
+	m.kernelObjects.WithLabelValues(backend, "rules").Set(float64(res.Size.Rules))
+	m.kernelObjects.WithLabelValues(backend, "sets").Set(float64(res.Size.Sets))
+	m.kernelObjects.WithLabelValues(backend, "elements").Set(float64(res.Size.Elements))
+	m.localPods.Set(float64(stats.LocalPods))
+	m.selectedPods.Set(float64(stats.IsolatedPods))
+	m.policiesApplied.Set(float64(stats.PoliciesSelecting))
+}
