@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -8,7 +9,10 @@ import (
 	"os/exec"
 	"sort"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/mattfenwick/cyclonus/pkg/matcher"
 	corev1 "k8s.io/api/core/v1"
@@ -55,6 +59,8 @@ type world struct {
 	pods       map[string]*corev1.Pod
 	tpods      map[string]*testbed.Pod
 	policies   map[string]*networkingv1.NetworkPolicy
+	nodes      map[string]*corev1.Node
+	agents     []*nodeAgent // agents on extra nodes
 }
 
 func newWorld(t *testing.T, topo testbed.Topology, v4, v6 bool) *world {
@@ -76,7 +82,7 @@ func newWorld(t *testing.T, topo testbed.Topology, v4, v6 bool) *world {
 		}
 	})
 	return &world{sim: sim, namespaces: map[string]*corev1.Namespace{}, pods: map[string]*corev1.Pod{},
-		tpods: map[string]*testbed.Pod{}, policies: map[string]*networkingv1.NetworkPolicy{}}
+		tpods: map[string]*testbed.Pod{}, policies: map[string]*networkingv1.NetworkPolicy{}, nodes: map[string]*corev1.Node{}}
 }
 
 func tail(s string, n int) string {
@@ -105,23 +111,51 @@ func (w *world) addPod(t *testing.T, ns, name string, labels map[string]string, 
 // peer of the local pods, and its traffic crosses the local node's forward hook.
 func (w *world) addRemotePod(t *testing.T, ns, name string, labels map[string]string, ports ...corev1.ContainerPort) {
 	t.Helper()
-	node := w.sim.Bed.Node("node-2")
-	if node == nil {
-		var err error
-		if node, err = w.sim.Bed.AddNode("node-2"); err != nil {
-			t.Fatalf("adding remote node: %v", err)
-		}
-	}
+	w.addPodOn(t, "node-2", ns, name, labels, ports...)
+}
+
+// addPodOn adds a pod on the simulated node nodeName, creating that node on first use.
+func (w *world) addPodOn(t *testing.T, nodeName, ns, name string, labels map[string]string, ports ...corev1.ContainerPort) {
+	t.Helper()
+	node := w.node(t, nodeName)
 	tp, err := node.AddPod(ns, name)
 	if err != nil {
-		t.Fatalf("adding remote pod %s/%s: %v", ns, name, err)
+		t.Fatalf("adding pod %s/%s on %s: %v", ns, name, nodeName, err)
 	}
-	w.pods[cluster.Key(ns, name)] = simnode.PodObject(ns, name, "node-2", labels, tp.IPs(), ports...)
+	w.pods[cluster.Key(ns, name)] = simnode.PodObject(ns, name, nodeName, labels, tp.IPs(), ports...)
 	w.tpods[cluster.Key(ns, name)] = tp
 }
 
+func (w *world) node(t *testing.T, name string) *testbed.Node {
+	t.Helper()
+	node := w.sim.Bed.Node(name)
+	if node == nil {
+		var err error
+		if node, err = w.sim.Bed.AddNode(name); err != nil {
+			t.Fatalf("adding node %s: %v", name, err)
+		}
+		n := &corev1.Node{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: metav1.ObjectMeta{Name: name}}
+		for _, p := range []netip.Prefix{node.PodCIDRv4, node.PodCIDRv6} {
+			if p.IsValid() {
+				n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, p.String())
+			}
+		}
+		w.nodes[name] = n
+	}
+	return node
+}
+
+// isRemote reports whether a pod is on a node where no agent judges its traffic.
 func (w *world) isRemote(ep endpoint) bool {
-	return ep.pod != nil && ep.pod.Spec.NodeName != w.sim.NodeName
+	if ep.pod == nil || ep.pod.Spec.NodeName == w.sim.NodeName {
+		return false
+	}
+	for _, a := range w.agents {
+		if a.nodeName == ep.pod.Spec.NodeName {
+			return false
+		}
+	}
+	return true
 }
 
 func (w *world) removePod(t *testing.T, key string) {
@@ -138,6 +172,9 @@ func (w *world) objects() []runtime.Object {
 	for _, k := range sortedKeys(w.namespaces) {
 		objs = append(objs, w.namespaces[k])
 	}
+	for _, k := range sortedKeys(w.nodes) {
+		objs = append(objs, w.nodes[k])
+	}
 	for _, k := range sortedKeys(w.pods) {
 		objs = append(objs, w.pods[k])
 	}
@@ -147,15 +184,76 @@ func (w *world) objects() []runtime.Object {
 	return objs
 }
 
-// apply writes the world to the manifests directory and waits for the agent to process it.
+// apply writes the world to the manifests directory and waits for every agent to process it.
 func (w *world) apply(t *testing.T) {
 	t.Helper()
+	before := make([]int, len(w.agents))
+	for i, a := range w.agents {
+		before[i] = a.syncs()
+	}
 	if err := w.sim.Apply(w.objects()...); err != nil {
 		t.Fatal(err)
+	}
+	for i, a := range w.agents {
+		waitFor(t, 15*time.Second, "agent on "+a.nodeName+" synced", func() bool { return a.syncs() > before[i] })
 	}
 	if err := w.sim.FlushConntrack(); err != nil {
 		t.Fatal(err)
 	}
+	for _, a := range w.agents {
+		if out, err := exec.Command("ip", "netns", "exec", a.node.NetNSName, "conntrack", "-F").CombinedOutput(); err != nil {
+			t.Fatalf("conntrack -F on %s: %v %s", a.nodeName, err, out)
+		}
+	}
+}
+
+// nodeAgent is the agent binary running in an extra node's netns on the same manifests.
+type nodeAgent struct {
+	nodeName string
+	node     *testbed.Node
+	cmd      *exec.Cmd
+	mu       sync.Mutex
+	log      bytes.Buffer
+}
+
+func (a *nodeAgent) Write(p []byte) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.log.Write(p)
+}
+
+func (a *nodeAgent) syncs() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l := a.log.String()
+	return strings.Count(l, "msg=synced") + strings.Count(l, `msg="no change"`)
+}
+
+// startAgentOn runs an agent for node name in that node's netns.
+func (w *world) startAgentOn(t *testing.T, name string) {
+	t.Helper()
+	bin, err := simnode.AgentBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := w.node(t, name)
+	a := &nodeAgent{nodeName: name, node: node}
+	a.cmd = exec.Command("ip", "netns", "exec", node.NetNSName, bin, "agent", "--manifests", w.sim.Dir,
+		"--node-name", name, "--health-addr", "", "--log-level", "debug", "--resync-period", "2s")
+	a.cmd.Stdout, a.cmd.Stderr = a, a
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = a.cmd.Process.Signal(syscall.SIGTERM)
+		_ = a.cmd.Wait()
+		if t.Failed() {
+			a.mu.Lock()
+			t.Logf("agent on %s:\n%s", name, tail(a.log.String(), 30))
+			a.mu.Unlock()
+		}
+	})
+	w.agents = append(w.agents, a)
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -330,7 +428,16 @@ func rewriteForAbsentKeys(np *networkingv1.NetworkPolicy, keys map[string]bool) 
 
 func (w *world) expect(oracle *oracle, src, dst endpoint, srcIP, dstIP netip.Addr, port uint16, proto testbed.Protocol) bool {
 	if src.pod == nil {
-		return true // the node may always reach its own pods
+		if dst.pod == nil || dst.pod.Spec.NodeName == w.sim.NodeName || w.isRemote(dst) {
+			return true // the node may always reach its own pods
+		}
+		// To another node's pods, this node is just an outside address: the node IP the
+		// test bed binds node probes to.
+		for _, ip := range w.sim.Bed.NodeIPs() {
+			if ip.Is4() == dstIP.Is4() {
+				srcIP = ip
+			}
+		}
 	}
 	portName := ""
 	if dst.pod != nil {

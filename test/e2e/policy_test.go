@@ -170,3 +170,27 @@ func TestRemotePeers(t *testing.T) {
 	w.addRemotePod(t, "z", "r2", map[string]string{"pod": "b"}, cport("sig", 81, sctp))
 	runScenarios(t, w)
 }
+
+// TestMultiNode runs an agent on each of several nodes against the same cluster state: ingress
+// is enforced on the destination node and egress on the source node, for every scenario. A
+// node added later, with its own pod CIDR and pods, is picked up by every agent.
+func TestMultiNode(t *testing.T) {
+	t.Parallel()
+	w := standardWorld(t, testbed.Routed, true, true)
+	w.startAgentOn(t, "node-2")
+	w.addPodOn(t, "node-2", "x", "r1", map[string]string{"pod": "a", "tier": "web"}, cport("web", 81, tcp), cport("dns", 80, udp))
+	w.addPodOn(t, "node-2", "z", "r2", map[string]string{"pod": "b"}, cport("sig", 81, sctp))
+	runScenarios(t, w)
+
+	w.startAgentOn(t, "node-3")
+	w.addPodOn(t, "node-3", "y", "r3", map[string]string{"pod": "a"}, cport("web", 80, tcp))
+	w.policies = map[string]*networkingv1.NetworkPolicy{}
+	for _, np := range []*networkingv1.NetworkPolicy{
+		withIngress(netpol("y", "from-x-web", sel("pod", "a")), from(peers(nsPodPeer(selp("ns", "x"), selp("tier", "web"))), namedPort(tcp, "web"))),
+		withEgress(netpol("z", "only-y", sel(), egressType), to(peers(nsPeer(selp("ns", "y"))))),
+	} {
+		w.policies[np.Namespace+"/"+np.Name] = np
+	}
+	w.apply(t)
+	w.check(t, "third node added later")
+}
