@@ -81,6 +81,33 @@ func TestAgentWithKubeAPI(t *testing.T) {
 	}
 	expect("labels changed through the API", false, true)
 
+	// The API server goes away: the rules stay enforced, and once it is back the agent
+	// catches up with changes made after its return.
+	srv.KillAPIServer()
+	time.Sleep(2 * time.Second)
+	if tcpProbe(w, "x/b", "x/a", 80) || !tcpProbe(w, "x/c", "x/a", 80) {
+		t.Fatal("enforcement changed while the API server was down")
+	}
+	srv.StartAPIServer(t)
+	p, err := client.CoreV1().Pods("x").Get(ctx, "b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Labels["pod"] = "b"
+	if _, err := client.CoreV1().Pods("x").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("change after the API server returned", true, true)
+	p, err = client.CoreV1().Pods("x").Get(ctx, "c", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Labels["pod"] = "c"
+	if _, err := client.CoreV1().Pods("x").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("second change after the API server returned", true, false)
+
 	// Deleting the policy opens the pod again.
 	if err := client.NetworkingV1().NetworkPolicies("x").Delete(ctx, "a-from-b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
