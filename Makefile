@@ -18,8 +18,8 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/netwarden ./cmd/netwarden
 	$(GO) build -o $(BIN)/netwarden-demo ./cmd/netwarden-demo
 
-# Kernel tests find the agent binary through NETWARDEN_BIN; API tests find kube-apiserver and
-# etcd through KUBE_BIN_DIR (built once from Go modules, then cached by version).
+# Kernel tests find the agent binary through NETWARDEN_BIN; API tests find kube-apiserver, etcd and
+# kubectl through KUBE_BIN_DIR (built once from Go modules, then cached by version).
 test: deps build vet
 	@kubebin=$$(hack/kube-binaries.sh) && \
 	NETWARDEN_BIN=$(CURDIR)/$(BIN)/netwarden KUBE_BIN_DIR=$$kubebin $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...

@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,7 +110,7 @@ type Server struct {
 // processes and removes their files.
 func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
-	binDir := findBinDir(t, opts.BinDir)
+	binDir := findBinDir(t, opts.BinDir, "etcd", "kube-apiserver")
 
 	var lastErr error
 	for attempt := 1; attempt <= 3; attempt++ {
@@ -493,7 +494,15 @@ func randomToken() (string, error) {
 }
 
 // findBinDir returns the directory that holds both binaries, or skips (fails under CI) the test.
-func findBinDir(t testing.TB, dir string) string {
+// Binary returns the path of a binary that hack/kube-binaries.sh builds (kube-apiserver, etcd,
+// kubectl), found as Start finds them. It skips the test when it is missing, or fails it when
+// $CI is set.
+func Binary(t testing.TB, name string) string {
+	t.Helper()
+	return filepath.Join(findBinDir(t, "", name), name)
+}
+
+func findBinDir(t testing.TB, dir string, names ...string) string {
 	t.Helper()
 	source := "Options.BinDir"
 	if dir == "" {
@@ -503,7 +512,7 @@ func findBinDir(t testing.TB, dir string) string {
 		dir, source = defaultBinDir(), "the default cache directory of hack/kube-binaries.sh"
 	}
 	var missing []string
-	for _, name := range []string{"etcd", "kube-apiserver"} {
+	for _, name := range names {
 		if dir == "" {
 			missing = append(missing, name)
 			continue
@@ -576,12 +585,37 @@ type process struct {
 	err  error         // of Wait, set before done is closed
 }
 
+// The kernel sends Pdeathsig when the OS thread that started a process exits, not when the
+// test binary does, and the netns test bed retires OS threads on purpose. So every process is
+// started from one goroutine that stays locked to its thread for the life of the binary.
+var (
+	spawnOnce sync.Once
+	spawnReqs chan func()
+)
+
+func onSpawnThread(fn func()) {
+	spawnOnce.Do(func() {
+		spawnReqs = make(chan func())
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread lives as long as the binary
+			for req := range spawnReqs {
+				req()
+			}
+		}()
+	})
+	done := make(chan struct{})
+	spawnReqs <- func() { fn(); close(done) }
+	<-done
+}
+
 func startProcess(path string, args []string, logs *logBuffer) (*process, error) {
 	cmd := exec.Command(path, args...)
 	cmd.Stdout = logs
 	cmd.Stderr = logs
 	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
+	var err error
+	onSpawnThread(func() { err = cmd.Start() })
+	if err != nil {
 		return nil, err
 	}
 	p := &process{cmd: cmd, done: make(chan struct{})}
