@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/netwarden/netwarden/internal/kubetest"
@@ -107,6 +108,34 @@ func TestAgentWithKubeAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("second change after the API server returned", true, false)
+
+	// A policy update: admit the pods of namespaces labelled team=green, of which there are none yet.
+	cur, err := client.NetworkingV1().NetworkPolicies("x").Get(ctx, "a-from-b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: peers(nsPeer(selp("team", "green")))}}
+	if _, err := client.NetworkingV1().NetworkPolicies("x").Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("policy updated through the API", false, false)
+
+	// Relabelling the namespace admits its pods.
+	ns, err := client.CoreV1().Namespaces().Get(ctx, "x", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels["team"] = "green"
+	if _, err := client.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("namespace relabelled through the API", true, true)
+
+	// A deleted pod is no peer any more, even though its address still sends.
+	if err := kubetest.DeletePodNow(ctx, client, "x", "c"); err != nil {
+		t.Fatal(err)
+	}
+	expect("pod deleted through the API", true, false)
 
 	// Deleting the policy opens the pod again.
 	if err := client.NetworkingV1().NetworkPolicies("x").Delete(ctx, "a-from-b", metav1.DeleteOptions{}); err != nil {
