@@ -60,6 +60,14 @@ func TestIncrementalChanges(t *testing.T) {
 	w.pods["x/c"].Spec.HostNetwork = true
 	w.apply(t)
 	w.check(t, "pod on host network")
+	w.pods["x/c"].Spec.HostNetwork = false
+	ips, ip := w.pods["x/c"].Status.PodIPs, w.pods["x/c"].Status.PodIP
+	w.pods["x/c"].Status.PodIPs, w.pods["x/c"].Status.PodIP = nil, ""
+	w.apply(t)
+	w.check(t, "pod without IPs")
+	w.pods["x/c"].Status.PodIPs, w.pods["x/c"].Status.PodIP = ips, ip
+	w.apply(t)
+	w.check(t, "pod got its IPs")
 
 	delete(w.policies, "y/out")
 	w.apply(t)
