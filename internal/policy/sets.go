@@ -98,6 +98,12 @@ func (m *members[T]) apply(changes []podChange, valuesOf func(*podInfo) []T) {
 	}
 }
 
+// version returns the content to publish and the difference since the last version.
+func (m *members[T]) version() (values, added, removed []T) {
+	added, removed = m.content.takeDelta()
+	return cloneOrNil(m.content.sorted), added, removed
+}
+
 // replaceWith takes fresh's contributions while recording the difference from the current
 // content, so a set recomputed from scratch is still published as a delta.
 func (m *members[T]) replaceWith(fresh map[string][]T) {
@@ -120,13 +126,14 @@ type addrSetState struct {
 }
 
 func (s *addrSetState) publish() {
-	next := &AddrSet{Addrs: cloneOrNil(s.content.sorted)}
+	next := &AddrSet{}
+	next.Addrs, next.Added, next.Removed = s.version()
 	if prev := s.published; prev != nil {
 		next.Prev = prev
-		next.Added, next.Removed = s.content.takeDelta()
-		prev.Prev, prev.Added, prev.Removed = nil, nil, nil
+		prev.Prev, prev.Added, prev.Removed = nil, nil, nil // keep one link, so old versions can go
+	} else {
+		next.Added, next.Removed = nil, nil
 	}
-	s.content.takeDelta()
 	s.published = next
 }
 
@@ -163,13 +170,14 @@ type namedSetState struct {
 }
 
 func (s *namedSetState) publish() {
-	next := &NamedPortSet{Entries: cloneOrNil(s.content.sorted)}
+	next := &NamedPortSet{}
+	next.Entries, next.Added, next.Removed = s.version()
 	if prev := s.published; prev != nil {
 		next.Prev = prev
-		next.Added, next.Removed = s.content.takeDelta()
 		prev.Prev, prev.Added, prev.Removed = nil, nil, nil
+	} else {
+		next.Added, next.Removed = nil, nil
 	}
-	s.content.takeDelta()
 	s.published = next
 }
 
