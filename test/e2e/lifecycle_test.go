@@ -115,7 +115,8 @@ func TestRestartDriftAndBadInput(t *testing.T) {
 			if tcpProbe(w, "y/a", "x/a", 80) {
 				flips <- "blocked flow y/a -> x/a opened"
 			}
-			if !tcpProbe(w, "x/a", "x/b", 80) {
+			// One lost SYN on a busy machine is not a broken flow; two in a row are.
+			if !tcpProbe(w, "x/a", "x/b", 80) && !tcpProbe(w, "x/a", "x/b", 80) {
 				flips <- "allowed flow x/a -> x/b broke"
 			}
 		}

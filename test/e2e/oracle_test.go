@@ -497,6 +497,32 @@ func (w *world) check(t *testing.T, step string) {
 		probes[i] = c.probe
 	}
 	got := w.sim.Bed.ProbeAll(context.Background(), probes)
+	// A probe that lost a packet to a busy machine reports "blocked" for an allowed flow.
+	// Rules are deterministic, so a real disagreement persists: probe the disagreeing cases
+	// again (and log the ones that were only transient) before judging.
+	for attempt := 0; attempt < 2; attempt++ {
+		var again []int
+		for i, c := range cases {
+			if got[i] != c.want {
+				again = append(again, i)
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		retry := make([]testbed.Probe, len(again))
+		for j, i := range again {
+			retry[j] = probes[i]
+		}
+		time.Sleep(200 * time.Millisecond)
+		res := w.sim.Bed.ProbeAll(context.Background(), retry)
+		for j, i := range again {
+			if res[j] == cases[i].want {
+				t.Logf("%s: %s was transient (probed %s once, then %s)", step, probes[i], verdict(got[i]), verdict(res[j]))
+			}
+			got[i] = res[j]
+		}
+	}
 	var wrong []string
 	allowed := 0
 	for i, c := range cases {
