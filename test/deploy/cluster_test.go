@@ -368,21 +368,4 @@ func watch(w interface{ Stop() }, err error) error {
 
 // requireKernel skips the test (or fails it when $CI is set) unless it can create network
 // namespaces, program nftables and run the agent binary.
-func requireKernel(t *testing.T) {
-	t.Helper()
-	var why string
-	switch {
-	case os.Geteuid() != 0:
-		why = "needs root for network namespaces and nftables"
-	case !hasCmd("ip") || !hasCmd("nft"):
-		why = "needs iproute2 and nftables (make deps installs them)"
-	}
-	if _, err := simnode.AgentBinary(); err != nil && why == "" {
-		why = err.Error()
-	}
-	if why != "" {
-		skipOrFail(t, "kernel test: "+why)
-	}
-}
-
-func hasCmd(name string) bool { _, err := exec.LookPath(name); return err == nil }
+func requireKernel(t *testing.T) { simnode.RequireKernel(t) }

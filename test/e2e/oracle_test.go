@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"sort"
 	"strings"
@@ -28,28 +27,7 @@ import (
 
 // requireKernel skips outside CI when the test cannot run here, and fails in CI, where a
 // skipped kernel test would hide a regression.
-func requireKernel(t *testing.T) {
-	t.Helper()
-	var why string
-	switch {
-	case os.Geteuid() != 0:
-		why = "needs root for network namespaces and nftables"
-	case !hasCmd("ip") || !hasCmd("nft"):
-		why = "needs iproute2 and nftables (make deps installs them)"
-	}
-	if _, err := simnode.AgentBinary(); err != nil && why == "" {
-		why = err.Error()
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("kernel test cannot run in CI: %s", why)
-	}
-	t.Skipf("skipping kernel test: %s", why)
-}
-
-func hasCmd(name string) bool { _, err := exec.LookPath(name); return err == nil }
+func requireKernel(t *testing.T) { simnode.RequireKernel(t) }
 
 // world is the cluster a test bed simulates: namespaces, pods (local ones backed by network
 // namespaces) and policies.
