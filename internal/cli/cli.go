@@ -20,8 +20,6 @@ import (
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/dataplane"
-	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/source/kubeapi"
 	"github.com/netwarden/netwarden/internal/source/manifests"
@@ -110,21 +108,6 @@ func (f *stateFlags) source(log *slog.Logger) (cluster.Source, error) {
 	return kubeapi.New(client, log), nil
 }
 
-// policyBackend picks the NetworkPolicy backend.
-func (f *stateFlags) policyBackend() (dataplane.PolicyBackend, error) {
-	switch f.backend {
-	case "auto", "nftables":
-		b, err := nftables.New()
-		if err != nil {
-			return nil, fmt.Errorf("--backend %s: nftables unusable: %w", f.backend, err)
-		}
-		return b, nil
-	case "iptables":
-		return nil, errors.New("--backend iptables: the iptables backend is not available in this build; use nftables")
-	}
-	return nil, fmt.Errorf("--backend %q: want auto, nftables or iptables", f.backend)
-}
-
 // Main runs the command line and returns the process exit code.
 func Main(args []string) int {
 	root := &cobra.Command{
@@ -166,15 +149,13 @@ func agentCmd() *cobra.Command {
 			}
 			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, HealthAddr: healthAddr, Logger: log}
 			if f.networkPolicy {
-				if cfg.Policy, err = f.policyBackend(); err != nil {
+				if cfg.Policy, err = policyBackend(cmd.Context(), f.backend); err != nil {
 					return err
 				}
 				log.Info("backend selected", "backend", cfg.Policy.Name(), "requested", f.backend)
-			} else if b, err := nftables.New(); err == nil {
+			} else if err := cleanupPolicy(cmd.Context()); err != nil {
 				// Turning the feature off must not leave old rules enforcing.
-				if err := b.Cleanup(cmd.Context()); err != nil {
-					return err
-				}
+				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -234,13 +215,12 @@ func renderCmd() *cobra.Command {
 			if !f.networkPolicy {
 				return nil
 			}
-			switch f.backend {
-			case "auto", "nftables":
-			default:
-				return fmt.Errorf("--backend %q: render supports auto and nftables", f.backend)
-			}
 			rs, _ := policy.Compile(st, node)
-			fmt.Fprint(cmd.OutOrStdout(), nftables.NewWithInterface(nil).Render(rs))
+			text, err := renderPolicy(cmd.Context(), f.backend, rs)
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), text)
 			return nil
 		},
 	}
@@ -254,11 +234,7 @@ func cleanupCmd() *cobra.Command {
 		Short: "Remove everything netwarden installed",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			b, err := nftables.New()
-			if err != nil {
-				return fmt.Errorf("nftables: %w", err)
-			}
-			return b.Cleanup(cmd.Context())
+			return cleanupPolicy(cmd.Context())
 		},
 	}
 }
