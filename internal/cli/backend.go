@@ -6,39 +6,84 @@ import (
 	"fmt"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/xtables"
 )
 
-// policyBackend picks the NetworkPolicy backend for --backend.
-func policyBackend(_ context.Context, name string) (dataplane.PolicyBackend, error) {
+// policyBackend picks the NetworkPolicy backend for --backend. auto prefers nftables (nft
+// >= 1.0.1 working in this network namespace), then iptables-nft, then iptables-legacy;
+// $NETWARDEN_IPTABLES_MODE (nft or legacy) pins the iptables variant. The caller logs the
+// choice with the backend's Name(), which says the iptables variant too.
+func policyBackend(ctx context.Context, name string) (dataplane.PolicyBackend, error) {
 	switch name {
-	case "auto", "nftables":
+	case "nftables":
 		b, err := nftables.New()
 		if err != nil {
 			return nil, fmt.Errorf("--backend %s: nftables unusable: %w", name, err)
 		}
 		return b, nil
 	case "iptables":
-		return nil, errors.New("--backend iptables: the iptables backend is not available in this build; use nftables")
+		b, err := iptables.Detect(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("--backend %s: %w", name, err)
+		}
+		return b, nil
+	case "auto":
+		nb, nerr := nftables.New()
+		if nerr == nil {
+			return nb, nil
+		}
+		ib, ierr := iptables.Detect(ctx)
+		if ierr == nil {
+			return ib, nil
+		}
+		return nil, fmt.Errorf("--backend auto: nftables unusable (%v) and iptables unusable (%v)", nerr, ierr)
 	}
 	return nil, fmt.Errorf("--backend %q: want auto, nftables or iptables", name)
 }
 
-// renderPolicy returns the complete NetworkPolicy ruleset that --backend would apply.
+// renderPolicy returns the complete NetworkPolicy ruleset that --backend would apply. Render
+// touches nothing, so auto renders what a host with nftables would get.
 func renderPolicy(_ context.Context, name string, rs *policy.Ruleset) (string, error) {
 	switch name {
 	case "auto", "nftables":
 		return nftables.NewWithInterface(nil).Render(rs), nil
+	case "iptables":
+		return iptables.Dump(iptables.Render(rs)), nil
 	}
-	return "", fmt.Errorf("--backend %q: render supports auto and nftables", name)
+	return "", fmt.Errorf("--backend %q: want auto, nftables or iptables", name)
 }
 
-// cleanupPolicy removes the NetworkPolicy rules of every backend that may have installed them.
+// cleanupPolicy removes the NetworkPolicy rules of every backend that may have installed them:
+// the nftables table, and the chains, jumps and sets of both iptables variants. A backend that
+// is unavailable on this host cannot hold anything of ours and is skipped.
 func cleanupPolicy(ctx context.Context) error {
-	b, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
+	var errs []error
+	if b, err := nftables.New(); err == nil {
+		if err := b.Cleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("nftables: %w", err))
+		}
 	}
-	return b.Cleanup(ctx)
+	// Rules of both variants go before the sets they reference.
+	ipsetUsable := false
+	for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
+		r, err := xtables.NewRunner(ctx, m)
+		if err != nil {
+			continue
+		}
+		ipsetUsable = true
+		if err := iptables.CleanupRules(ctx, r); err != nil {
+			errs = append(errs, fmt.Errorf("iptables-%s: %w", m, err))
+		}
+	}
+	if ipsetUsable {
+		if _, err := xtables.IPSetNames(ctx); err == nil {
+			if err := iptables.CleanupSets(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("ipset: %w", err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,0 +1,553 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/xtables"
+)
+
+// ModeEnv, when set to nft or legacy, chooses the iptables variant instead of detection. Tests
+// use it to run every scenario on both variants.
+const ModeEnv = "NETWARDEN_IPTABLES_MODE"
+
+var families = [2]xtables.Family{xtables.IPv4, xtables.IPv6}
+
+// Backend owns the NETWARDEN-* chains of the filter table and the netwarden-* ipsets.
+type Backend struct {
+	run      *xtables.Runner
+	renderer Renderer
+	// applied is what the kernel held after our last successful sync; nil forces the next
+	// sync to replace everything.
+	applied *Rendered
+}
+
+// New returns a backend for one iptables variant after checking that its commands and ipset
+// work in this network namespace.
+func New(ctx context.Context, mode xtables.Mode) (*Backend, error) {
+	r, err := xtables.NewRunner(ctx, mode)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := xtables.IPSetNames(ctx); err != nil {
+		return nil, fmt.Errorf("ipset: %w", err)
+	}
+	return &Backend{run: r}, nil
+}
+
+// Detect returns a backend for the variant named by $NETWARDEN_IPTABLES_MODE, or else for
+// iptables-nft when it works, falling back to iptables-legacy.
+func Detect(ctx context.Context) (*Backend, error) {
+	if s := os.Getenv(ModeEnv); s != "" {
+		mode, err := xtables.ParseMode(s)
+		if err != nil {
+			return nil, fmt.Errorf("$%s: %w", ModeEnv, err)
+		}
+		return New(ctx, mode)
+	}
+	var errs []error
+	for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
+		b, err := New(ctx, m)
+		if err == nil {
+			return b, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("no usable iptables: %w", errors.Join(errs...))
+}
+
+// Name implements dataplane.PolicyBackend: iptables-nft or iptables-legacy.
+func (b *Backend) Name() string { return "iptables-" + string(b.run.Mode) }
+
+// Mode is the iptables variant in use.
+func (b *Backend) Mode() xtables.Mode { return b.run.Mode }
+
+// Render implements dataplane.PolicyBackend: the ipset script and both restore inputs a sync
+// into an empty node would apply.
+func (b *Backend) Render(rs *policy.Ruleset) string { return Dump(Render(rs)) }
+
+// Dump prints r as the commands that load it into an empty node.
+func Dump(r *Rendered) string {
+	if r.err != nil {
+		return "# render error: " + r.err.Error() + "\n"
+	}
+	var sb strings.Builder
+	sb.WriteString("# kernel names and the Ruleset objects they stand for\n")
+	for _, k := range sortedKeys(r.Sources) {
+		fmt.Fprintf(&sb, "#   %s = %s\n", k, r.Sources[k])
+	}
+	sb.WriteString("# ipset restore\n")
+	for _, name := range sortedKeys(r.Sets) {
+		s := r.Sets[name]
+		sb.WriteString(s.createLine(name) + "\n")
+		for _, m := range sortedKeys(s.elements()) {
+			fmt.Fprintf(&sb, "add %s %s\n", name, m)
+		}
+	}
+	for fam, f := range families {
+		fmt.Fprintf(&sb, "# %s-restore --noflush\n", f)
+		sb.Write(restoreInput(r.Chains[fam], sortedKeys(r.Chains[fam]), nil, jumpFix{}))
+	}
+	return sb.String()
+}
+
+// Sync implements dataplane.PolicyBackend.
+func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
+	return b.SyncRendered(ctx, b.renderer.Render(rs))
+}
+
+// FullSync implements dataplane.PolicyBackend.
+func (b *Backend) FullSync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
+	return b.FullSyncRendered(ctx, b.renderer.Render(rs))
+}
+
+// SyncRendered makes the kernel hold want, sending only the difference from the last
+// successful sync: new and grown sets first, then one restore per family that changed, then
+// shrunk and unused sets. A failed difference falls back to a full sync.
+func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
+	if want.err != nil {
+		return dataplane.SyncResult{}, want.err
+	}
+	if b.applied == nil {
+		return b.FullSyncRendered(ctx, want)
+	}
+	p := diff(b.applied, want)
+	if p.empty() {
+		return dataplane.SyncResult{Size: want.size()}, nil
+	}
+	err := b.applyPlan(ctx, p, want)
+	if err == nil {
+		b.applied = want
+		return dataplane.SyncResult{Operations: p.operations(), Size: want.size()}, nil
+	}
+	res, ferr := b.FullSyncRendered(ctx, want)
+	res.Fallback = err.Error()
+	return res, ferr
+}
+
+func (b *Backend) applyPlan(ctx context.Context, p *plan, want *Rendered) error {
+	if len(p.setsBefore) > 0 {
+		if err := xtables.IPSetRestore(ctx, p.setsBefore); err != nil {
+			return err
+		}
+	}
+	for fam, f := range families {
+		c := p.chains[fam]
+		if len(c.write)+len(c.gone) == 0 {
+			continue
+		}
+		if err := b.run.Restore(ctx, f, restoreInput(want.Chains[fam], c.write, c.gone, jumpFix{})); err != nil {
+			return err
+		}
+	}
+	if len(p.setsAfter) > 0 {
+		if err := xtables.IPSetRestore(ctx, p.setsAfter); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// FullSyncRendered replaces everything we own with want, whatever the kernel held: every set
+// is created or refilled through a swap, each family's chains are rewritten in one restore,
+// the hook jumps are made to be the first rule of their built-in chains, and chains and sets
+// an earlier run left are removed. Other components' rules are never touched.
+func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
+	res := dataplane.SyncResult{Full: true}
+	if want.err != nil {
+		return res, want.err
+	}
+	b.applied = nil
+	existing, err := xtables.IPSetNames(ctx)
+	if err != nil {
+		return res, fmt.Errorf("listing ipsets: %w", err)
+	}
+	have := map[string]bool{}
+	for _, n := range existing {
+		have[n] = true
+	}
+	var pre bytes.Buffer
+	if have[swapSet] {
+		fmt.Fprintf(&pre, "destroy %s\n", swapSet) // left by a run that died mid-sync
+	}
+	for _, name := range sortedKeys(want.Sets) {
+		s := want.Sets[name]
+		target := name
+		if have[name] {
+			target = swapSet
+		}
+		pre.WriteString(s.createLine(target) + "\n")
+		for _, m := range sortedKeys(s.elements()) {
+			fmt.Fprintf(&pre, "add %s %s\n", target, m)
+		}
+		if have[name] {
+			fmt.Fprintf(&pre, "swap %s %s\ndestroy %s\n", swapSet, name, swapSet)
+		}
+		res.Operations += 1 + s.count
+	}
+	if err := xtables.IPSetRestore(ctx, pre.Bytes()); err != nil {
+		return res, fmt.Errorf("iptables full sync: %w", err)
+	}
+	for fam, f := range families {
+		saved, err := b.run.Save(ctx, f, "filter")
+		if err != nil {
+			return res, fmt.Errorf("iptables full sync: %w", err)
+		}
+		st := parseSave(saved)
+		var stale []string
+		for _, c := range st.ownChains {
+			if _, ok := want.Chains[fam][c]; !ok {
+				stale = append(stale, c)
+			}
+		}
+		names := sortedKeys(want.Chains[fam])
+		in := restoreInput(want.Chains[fam], names, stale, jumpFix{existing: st.jumps, install: true})
+		if err := b.run.Restore(ctx, f, in); err != nil {
+			return res, fmt.Errorf("iptables full sync: %w", err)
+		}
+		for _, n := range names {
+			res.Operations += 1 + len(want.Chains[fam][n])
+		}
+	}
+	var post bytes.Buffer
+	for _, n := range existing {
+		if strings.HasPrefix(n, SetPrefix) && n != swapSet && want.Sets[n] == nil {
+			fmt.Fprintf(&post, "destroy %s\n", n)
+			res.Operations++
+		}
+	}
+	if post.Len() > 0 {
+		if err := destroySets(ctx, post.Bytes()); err != nil {
+			return res, fmt.Errorf("iptables full sync: %w", err)
+		}
+	}
+	b.applied = want
+	res.Size = want.size()
+	return res, nil
+}
+
+// destroySets destroys unused sets as one batch. A set still referenced by the other iptables
+// variant's rules (an earlier run with a different mode) cannot be destroyed; that is left for
+// cleanup rather than failing every sync.
+func destroySets(ctx context.Context, script []byte) error {
+	if err := xtables.IPSetRestore(ctx, script); err == nil {
+		return nil
+	}
+	var errs []error
+	for _, line := range strings.Split(strings.TrimSpace(string(script)), "\n") {
+		name := strings.TrimPrefix(line, "destroy ")
+		out, err := exec.CommandContext(ctx, "ipset", "destroy", name).CombinedOutput()
+		if err != nil && !strings.Contains(string(out), "in use") && !strings.Contains(string(out), "does not exist") {
+			errs = append(errs, fmt.Errorf("ipset destroy %s: %s", name, strings.TrimSpace(string(out))))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// jumpFix says how a restore handles the jumps from built-in chains into ours: existing lists
+// each jump rule found (built-in chain and spec), install makes exactly one of each, first.
+type jumpFix struct {
+	existing [][2]string
+	install  bool
+	remove   bool
+}
+
+// restoreInput writes a `restore --noflush` input for the filter table that (re)writes the
+// chains in write (declaring a chain flushes it, or creates it), deletes the chains in gone
+// (flushed first, so jumps between them are gone before any is deleted), and fixes the hook
+// jumps. Chains not named are left alone, ours and everyone else's.
+func restoreInput(chains map[string][]string, write, gone []string, jf jumpFix) []byte {
+	var buf bytes.Buffer
+	buf.WriteString("*filter\n")
+	for _, n := range write {
+		fmt.Fprintf(&buf, ":%s - [0:0]\n", n)
+	}
+	for _, n := range gone {
+		fmt.Fprintf(&buf, ":%s - [0:0]\n", n)
+	}
+	for _, j := range jf.existing {
+		if jf.install || jf.remove {
+			fmt.Fprintf(&buf, "-D %s %s\n", j[0], j[1])
+		}
+	}
+	for _, n := range write {
+		for _, rule := range chains[n] {
+			fmt.Fprintf(&buf, "-A %s %s\n", n, rule)
+		}
+	}
+	if jf.install {
+		for _, h := range hookJumps {
+			fmt.Fprintf(&buf, "-I %s 1 -j %s\n", h.builtin, h.chain)
+		}
+	}
+	for _, n := range gone {
+		fmt.Fprintf(&buf, "-X %s\n", n)
+	}
+	buf.WriteString("COMMIT\n")
+	return buf.Bytes()
+}
+
+// saved is what a filter table listing says about our objects.
+type saved struct {
+	ownChains []string
+	rules     map[string][]string // our chains' rule specs, in order
+	jumps     [][2]string         // rules in built-in chains that jump to ours
+	builtin   map[string][]string // specs of the built-in chains' rules
+}
+
+func parseSave(out []byte) saved {
+	st := saved{rules: map[string][]string{}, builtin: map[string][]string{}}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, ":"):
+			name, _, _ := strings.Cut(line[1:], " ")
+			if strings.HasPrefix(name, ChainPrefix) {
+				st.ownChains = append(st.ownChains, name)
+				st.rules[name] = nil
+			}
+		case strings.HasPrefix(line, "-A "):
+			chain, spec, _ := strings.Cut(line[3:], " ")
+			if strings.HasPrefix(chain, ChainPrefix) {
+				st.rules[chain] = append(st.rules[chain], spec)
+				continue
+			}
+			st.builtin[chain] = append(st.builtin[chain], spec)
+			if strings.Contains(spec, "-j "+ChainPrefix) || strings.Contains(spec, "-g "+ChainPrefix) {
+				st.jumps = append(st.jumps, [2]string{chain, spec})
+			}
+		}
+	}
+	return st
+}
+
+// plan is the difference between two renderings.
+type plan struct {
+	setsBefore []byte // creates and additions, before any rule uses them
+	setsAfter  []byte // deletions and destroys, once no rule needs them
+	chains     [2]struct{ write, gone []string }
+	ops        int
+}
+
+func (p *plan) empty() bool { return p.ops == 0 }
+
+func (p *plan) operations() int { return p.ops }
+
+// diff computes the plan that turns old into new. Members join a set before the rules that
+// need them and leave it after, so a pod moving between groups is judged by the old group or
+// the new one at every instant, never by none.
+func diff(old, new *Rendered) *plan {
+	p := &plan{}
+	var before, after bytes.Buffer
+	for _, name := range sortedKeys(new.Sets) {
+		s, o := new.Sets[name], old.Sets[name]
+		if s == o {
+			continue
+		}
+		if o == nil || o.typ != s.typ || o.v6 != s.v6 {
+			if o != nil {
+				// Same name, different kind: cannot happen with hashed names of one kind.
+				fmt.Fprintf(&after, "destroy %s\n", name)
+			}
+			before.WriteString(s.createLine(name) + "\n")
+			p.ops++
+			for _, m := range sortedKeys(s.elements()) {
+				fmt.Fprintf(&before, "add %s %s\n", name, m)
+				p.ops++
+			}
+			continue
+		}
+		var added, removed []string
+		if s.base != nil && s.base == o.src {
+			added, removed = s.added, s.removed
+		} else {
+			ne, oe := s.elements(), o.elements()
+			for m := range ne {
+				if !oe[m] {
+					added = append(added, m)
+				}
+			}
+			for m := range oe {
+				if !ne[m] {
+					removed = append(removed, m)
+				}
+			}
+			sort.Strings(added)
+			sort.Strings(removed)
+		}
+		for _, m := range added {
+			fmt.Fprintf(&before, "add %s %s -exist\n", name, m)
+		}
+		for _, m := range removed {
+			fmt.Fprintf(&after, "del %s %s -exist\n", name, m)
+		}
+		p.ops += len(added) + len(removed)
+	}
+	for fam := range new.Chains {
+		for _, name := range sortedKeys(new.Chains[fam]) {
+			o, ok := old.Chains[fam][name]
+			if ok && slices.Equal(o, new.Chains[fam][name]) {
+				continue
+			}
+			p.chains[fam].write = append(p.chains[fam].write, name)
+			p.ops += 1 + len(new.Chains[fam][name])
+		}
+		for _, name := range sortedKeys(old.Chains[fam]) {
+			if _, ok := new.Chains[fam][name]; !ok {
+				p.chains[fam].gone = append(p.chains[fam].gone, name)
+				p.ops += 2
+			}
+		}
+	}
+	for _, name := range sortedKeys(old.Sets) {
+		if new.Sets[name] == nil {
+			fmt.Fprintf(&after, "destroy %s\n", name)
+			p.ops++
+		}
+	}
+	p.setsBefore, p.setsAfter = before.Bytes(), after.Bytes()
+	return p
+}
+
+// Drift describes how the kernel differs from what was applied.
+type Drift struct{ Reason string }
+
+func (d *Drift) Error() string { return "iptables state drifted: " + d.Reason }
+
+// Verify compares the kernel with what was last applied: every chain of ours with exactly its
+// rules, the hook jumps first in their built-in chains, every set with exactly its members.
+func (b *Backend) Verify(ctx context.Context) error {
+	if b.applied == nil {
+		return &Drift{Reason: "no successful sync yet"}
+	}
+	for fam, f := range families {
+		out, err := b.run.Save(ctx, f, "filter")
+		if err != nil {
+			return &Drift{Reason: err.Error()}
+		}
+		st := parseSave(out)
+		if reason := compareChains(string(f), b.applied.Chains[fam], st); reason != "" {
+			return &Drift{Reason: reason}
+		}
+	}
+	out, err := exec.CommandContext(ctx, "ipset", "save").Output()
+	if err != nil {
+		return &Drift{Reason: "ipset save: " + err.Error()}
+	}
+	got := parseIPSetSave(out)
+	for _, name := range sortedKeys(b.applied.Sets) {
+		s := b.applied.Sets[name]
+		members, ok := got[name]
+		if !ok {
+			return &Drift{Reason: "set " + name + " missing"}
+		}
+		if len(members) != s.count {
+			return &Drift{Reason: fmt.Sprintf("set %s has %d members, want %d", name, len(members), s.count)}
+		}
+		want := s.elements()
+		for _, m := range members {
+			if !want[m] {
+				return &Drift{Reason: fmt.Sprintf("set %s holds %s, which it should not", name, m)}
+			}
+		}
+	}
+	return nil
+}
+
+func compareChains(fam string, want map[string][]string, st saved) string {
+	for _, name := range sortedKeys(want) {
+		got, ok := st.rules[name]
+		if !ok {
+			return fmt.Sprintf("%s chain %s missing", fam, name)
+		}
+		if !slices.Equal(got, want[name]) {
+			return fmt.Sprintf("%s chain %s has %d rules that differ from the %d applied", fam, name, len(got), len(want[name]))
+		}
+	}
+	if len(st.ownChains) != len(want) {
+		return fmt.Sprintf("%s has %d chains of ours, want %d", fam, len(st.ownChains), len(want))
+	}
+	for _, h := range hookJumps {
+		rules := st.builtin[h.builtin]
+		if len(rules) == 0 || rules[0] != "-j "+h.chain {
+			return fmt.Sprintf("%s %s does not jump to %s first", fam, h.builtin, h.chain)
+		}
+	}
+	return ""
+}
+
+// parseIPSetSave returns the members of each set in `ipset save` output.
+func parseIPSetSave(out []byte) map[string][]string {
+	sets := map[string][]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 2 && f[0] == "create":
+			if _, ok := sets[f[1]]; !ok {
+				sets[f[1]] = []string{}
+			}
+		case len(f) >= 3 && f[0] == "add":
+			sets[f[1]] = append(sets[f[1]], f[2])
+		}
+	}
+	return sets
+}
+
+// Cleanup removes our chains, the hook jumps and our sets for this backend's variant.
+func (b *Backend) Cleanup(ctx context.Context) error {
+	b.applied = nil
+	if err := CleanupRules(ctx, b.run); err != nil {
+		return err
+	}
+	return CleanupSets(ctx)
+}
+
+// CleanupRules removes the hook jumps and every NETWARDEN-* chain of one variant, both
+// families. It is a no-op when there is nothing of ours.
+func CleanupRules(ctx context.Context, r *xtables.Runner) error {
+	for _, f := range families {
+		out, err := r.Save(ctx, f, "filter")
+		if err != nil {
+			return err
+		}
+		st := parseSave(out)
+		if len(st.ownChains) == 0 && len(st.jumps) == 0 {
+			continue
+		}
+		if err := r.Restore(ctx, f, restoreInput(nil, nil, st.ownChains, jumpFix{existing: st.jumps, remove: true})); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CleanupSets destroys every netwarden-* ipset. Run it after CleanupRules for every variant
+// that may reference them.
+func CleanupSets(ctx context.Context) error {
+	names, err := xtables.IPSetNames(ctx)
+	if err != nil {
+		return err
+	}
+	var script bytes.Buffer
+	for _, n := range names {
+		if strings.HasPrefix(n, SetPrefix) {
+			fmt.Fprintf(&script, "destroy %s\n", n)
+		}
+	}
+	if script.Len() == 0 {
+		return nil
+	}
+	return xtables.IPSetRestore(ctx, script.Bytes())
+}

@@ -1,0 +1,295 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netns"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/xtables"
+)
+
+var modes = []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy}
+
+// inFreshNetNS runs fn on a thread switched into a new, empty network namespace, so iptables
+// and ipset commands (which inherit the thread's namespace) never touch the host.
+func inFreshNetNS(t *testing.T, fn func()) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("kernel test needs root, and CI must run it")
+		}
+		t.Skip("skipping: kernel test needs root")
+	}
+	for _, c := range []string{"ipset", "iptables-nft-restore", "iptables-legacy-restore"} {
+		if _, err := exec.LookPath(c); err != nil {
+			t.Fatalf("%s not installed (make deps installs it): %v", c, err)
+		}
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	fresh, err := netns.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic("cannot return to the original network namespace: " + err.Error())
+		}
+	}()
+	fn()
+}
+
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func stateWithPods(n int) *cluster.State {
+	st := cluster.NewState()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}}
+	cluster.DefaultNamespace(ns)
+	st.Namespaces["a"] = ns
+	for i := 0; i < n; i++ {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: fmt.Sprintf("p%d", i), Labels: map[string]string{"app": "web"}},
+			Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+				{Name: "http", ContainerPort: int32(8000 + i), Protocol: corev1.ProtocolTCP}}}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: fmt.Sprintf("10.0.0.%d", i+1)}, {IP: fmt.Sprintf("fd00::%d", i+1)}}},
+		}
+		st.Pods[cluster.Key("a", p.Name)] = p
+	}
+	sctp := corev1.ProtocolSCTP
+	end := int32(90)
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:1::/64", Except: []string{"fd00:1::/80"}}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.0/24", Except: []string{"192.0.2.7/32"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: &intstr.IntOrString{IntVal: 80}, EndPort: &end},
+					{Port: &intstr.IntOrString{Type: intstr.String, StrVal: "http"}}, {Protocol: &sctp}},
+			}},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{}},
+		},
+	}
+	cluster.DefaultNetworkPolicy(np)
+	st.Policies["a/web"] = np
+	return st
+}
+
+// ours returns our chains (both families, as iptables-save prints them) and our sets (as
+// ipset save prints them, members sorted): what the kernel holds of ours.
+func ours(t *testing.T, mode xtables.Mode) string {
+	t.Helper()
+	var lines []string
+	for _, cmd := range []string{"iptables-" + string(mode) + "-save", "ip6tables-" + string(mode) + "-save"} {
+		for _, l := range strings.Split(run(t, cmd, "-t", "filter"), "\n") {
+			if strings.Contains(l, ChainPrefix) {
+				lines = append(lines, cmd+" "+strings.Split(l, " [")[0])
+			}
+		}
+	}
+	var sets []string
+	for _, l := range strings.Split(run(t, "ipset", "save"), "\n") {
+		if strings.Contains(l, SetPrefix) {
+			sets = append(sets, strings.Split(l, " initval ")[0]) // a random hash seed per set
+		}
+	}
+	sort.Strings(sets)
+	return strings.Join(append(lines, sets...), "\n")
+}
+
+// thirdParty installs rules, a chain and a set another component would own.
+func thirdParty(t *testing.T, mode xtables.Mode) {
+	for _, bin := range []string{"iptables-" + string(mode), "ip6tables-" + string(mode)} {
+		run(t, bin, "-N", "OTHER-AGENT")
+		run(t, bin, "-A", "OTHER-AGENT", "-p", "tcp", "--dport", "9999", "-j", "ACCEPT")
+		run(t, bin, "-A", "FORWARD", "-j", "OTHER-AGENT")
+		run(t, bin, "-A", "INPUT", "-p", "udp", "--dport", "9998", "-j", "DROP")
+	}
+	run(t, "ipset", "create", "other-agent", "hash:ip")
+}
+
+func requireThirdParty(t *testing.T, mode xtables.Mode) {
+	t.Helper()
+	for _, bin := range []string{"iptables-" + string(mode) + "-save", "ip6tables-" + string(mode) + "-save"} {
+		out := run(t, bin, "-t", "filter")
+		for _, want := range []string{"-A OTHER-AGENT -p tcp -m tcp --dport 9999 -j ACCEPT", "-A FORWARD -j OTHER-AGENT", "-A INPUT -p udp -m udp --dport 9998 -j DROP"} {
+			if !strings.Contains(out, want) {
+				t.Fatalf("%s: third-party rule %q is gone:\n%s", bin, want, out)
+			}
+		}
+	}
+	if !strings.Contains(run(t, "ipset", "list", "-n"), "other-agent") {
+		t.Fatal("third-party set is gone")
+	}
+}
+
+func TestKernelSyncVerifyCleanup(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			inFreshNetNS(t, func() {
+				ctx := context.Background()
+				thirdParty(t, mode)
+				b, err := New(ctx, mode)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b.Name() != "iptables-"+string(mode) {
+					t.Fatalf("name %q", b.Name())
+				}
+				rs, _ := policy.Compile(stateWithPods(2), "n1")
+				res, err := b.FullSync(ctx, rs)
+				if err != nil {
+					t.Fatalf("full sync: %v", err)
+				}
+				if !res.Full || res.Operations == 0 {
+					t.Fatalf("full sync result %+v", res)
+				}
+				if err := b.Verify(ctx); err != nil {
+					t.Fatalf("verify after full sync: %v\n%s", err, ours(t, mode))
+				}
+				requireThirdParty(t, mode)
+				// Our jumps come first in the built-in chains, ahead of the third party's.
+				if out := run(t, "iptables-"+string(mode)+"-save", "-t", "filter"); !strings.Contains(out, "-A FORWARD -j NETWARDEN-FORWARD\n-A FORWARD -j OTHER-AGENT") {
+					t.Fatalf("jump not first:\n%s", out)
+				}
+
+				if res, err := b.Sync(ctx, rs); err != nil || res.Operations != 0 {
+					t.Fatalf("no-op sync: %+v %v", res, err)
+				}
+				// One more pod: set members only.
+				rs3, _ := policy.Compile(stateWithPods(3), "n1")
+				res, err = b.Sync(ctx, rs3)
+				if err != nil || res.Full || res.Operations == 0 || res.Operations > 8 {
+					t.Fatalf("incremental sync: %+v %v", res, err)
+				}
+				if err := b.Verify(ctx); err != nil {
+					t.Fatalf("verify after incremental sync: %v", err)
+				}
+				// The incremental path leaves exactly what a full sync writes.
+				incremental := ours(t, mode)
+				fresh, err := New(ctx, mode)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := fresh.FullSync(ctx, rs3); err != nil {
+					t.Fatal(err)
+				}
+				if full := ours(t, mode); full != incremental {
+					t.Fatalf("incremental and full sync differ:\nincremental:\n%s\nfull:\n%s", incremental, full)
+				}
+
+				// Removing the policy removes its chains and sets.
+				empty := stateWithPods(2)
+				delete(empty.Policies, "a/web")
+				rsEmpty, _ := policy.Compile(empty, "n1")
+				if _, err := b.Sync(ctx, rs3); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := b.Sync(ctx, rsEmpty); err != nil {
+					t.Fatalf("removing policy: %v", err)
+				}
+				if err := b.Verify(ctx); err != nil {
+					t.Fatalf("verify after removal: %v", err)
+				}
+				if got := ours(t, mode); strings.Contains(got, groupPrefix) || strings.Contains(got, "netwarden-p") {
+					t.Fatalf("group chain or set left behind:\n%s", got)
+				}
+				if _, err := b.Sync(ctx, rs); err != nil {
+					t.Fatal(err)
+				}
+
+				// Restart: a new agent converges from existing chains and sets (and a swap
+				// set left by a run that died), with no "already exists" or "in use".
+				run(t, "ipset", "create", swapSet, "hash:net")
+				restarted, err := New(ctx, mode)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := restarted.FullSync(ctx, rs3); err != nil {
+					t.Fatalf("full sync over existing state: %v", err)
+				}
+				if err := restarted.Verify(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if got := ours(t, mode); got != incremental {
+					t.Fatalf("restart did not converge:\n%s\nwant:\n%s", got, incremental)
+				}
+				b = restarted
+
+				// Someone else's edits are detected and repaired.
+				grp := ""
+				for name := range b.applied.Chains[v4] {
+					if strings.HasPrefix(name, groupPrefix) {
+						grp = name
+					}
+				}
+				var set string
+				for name, s := range b.applied.Sets {
+					if strings.HasPrefix(name, SetPrefix+"p4") && s.count > 0 {
+						set = name
+					}
+				}
+				ipt := "iptables-" + string(mode)
+				for _, edit := range [][]string{
+					{ipt, "-F", grp},
+					{ipt, "-R", grp, "1", "-j", "RETURN"},
+					{ipt, "-D", "FORWARD", "-j", chainForward},
+					{ipt, "-I", "FORWARD", "-j", "OTHER-AGENT"},
+					{"ip6tables-" + string(mode), "-A", chainIngress, "-j", "RETURN"},
+					{"ipset", "del", set, "10.0.0.1"},
+					{"ipset", "add", set, "10.9.9.9"},
+				} {
+					run(t, edit[0], edit[1:]...)
+					if err := b.Verify(ctx); err == nil {
+						t.Fatalf("verify did not notice %v", edit)
+					}
+					if _, err := b.FullSync(ctx, rs3); err != nil {
+						t.Fatal(err)
+					}
+					if err := b.Verify(ctx); err != nil {
+						t.Fatalf("verify after repair of %v: %v", edit, err)
+					}
+				}
+				requireThirdParty(t, mode)
+
+				if err := b.Cleanup(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if got := ours(t, mode); got != "" {
+					t.Fatalf("left after cleanup:\n%s", got)
+				}
+				requireThirdParty(t, mode)
+				if err := b.Cleanup(ctx); err != nil {
+					t.Fatalf("cleanup must be idempotent: %v", err)
+				}
+			})
+		})
+	}
+}

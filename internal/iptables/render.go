@@ -1,0 +1,466 @@
+// Package iptables renders a policy.Ruleset into ipsets and our own chains in the filter table
+// of iptables and ip6tables, and keeps the kernel in step with it, for hosts where nftables
+// cannot be used. It enforces exactly the semantics of the nftables backend.
+//
+// Layout (filter table, each family):
+//
+//	FORWARD -> NETWARDEN-FORWARD   established/related and IPv6 ND return; then egress, then ingress
+//	INPUT   -> NETWARDEN-INPUT     established/related and IPv6 ND return; then egress (pod -> node)
+//	NETWARDEN-EGRESS   -m set --match-set <group members> src -g <group chain>, one rule per group
+//	NETWARDEN-INGRESS  -m set --match-set <group members> dst -g <group chain>, one rule per group
+//	NETWARDEN-G-<hash> the rules of the group's policies, each ending in RETURN; then DROP
+//
+// An allowed packet returns to the built-in chain rather than being accepted, as an accept in
+// the nftables table leaves other tables to judge it too: egress allowed still meets ingress,
+// and rules other components keep after our jump still see the packet. iptables has no way for
+// a nested chain to end its caller's evaluation, so a group chain holds its policies' rules
+// itself rather than jumping to a chain per policy; the per-packet work is still the rules of
+// exactly the policies that select the pod. Traffic from the node to its pods leaves through
+// OUTPUT and never meets these chains.
+package iptables
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+// Chain and set names. Every chain we own starts with ChainPrefix and every set with
+// SetPrefix, which is how cleanup and a restarted agent find what an earlier run left.
+const (
+	ChainPrefix = "NETWARDEN-"
+	SetPrefix   = "netwarden-"
+
+	chainForward = ChainPrefix + "FORWARD"
+	chainInput   = ChainPrefix + "INPUT"
+	chainEgress  = ChainPrefix + "EGRESS"
+	chainIngress = ChainPrefix + "INGRESS"
+	groupPrefix  = ChainPrefix + "G-"
+
+	// swapSet is the temporary set a full sync fills and swaps with a live one, so a set is
+	// never seen empty or half-filled.
+	swapSet = SetPrefix + "swap"
+
+	maxChainName = 28
+	maxSetName   = 31
+	hashLen      = 16 // base32 characters: 80 bits
+)
+
+// hookJumps are the jumps from built-in chains into ours.
+var hookJumps = []struct{ builtin, chain string }{
+	{"FORWARD", chainForward},
+	{"INPUT", chainInput},
+}
+
+const (
+	v4 = 0
+	v6 = 1
+)
+
+var b32 = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+func hashOf(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return b32.EncodeToString(sum[:])[:hashLen]
+}
+
+func famDigit(fam int) string {
+	if fam == v6 {
+		return "6"
+	}
+	return "4"
+}
+
+// Names derived from Ruleset names: the kind and family are spelled out, the Ruleset name is
+// hashed, so names are deterministic and short whatever the namespace and policy names.
+func groupChain(group string) string { return groupPrefix + hashOf(group) }
+func groupSet(group string, fam int) string {
+	return SetPrefix + "g" + famDigit(fam) + "-" + hashOf(group)
+}
+func podSet(name string, fam int) string { return SetPrefix + "p" + famDigit(fam) + "-" + hashOf(name) }
+func cidrSet(name string, fam int) string {
+	return SetPrefix + "c" + famDigit(fam) + "-" + hashOf(name)
+}
+func portSet(name string, fam int) string {
+	return SetPrefix + "n" + famDigit(fam) + "-" + hashOf(name)
+}
+
+// ipset is one kernel set with its members in `ipset save` syntax. Members of large peer sets
+// are produced only when needed; an incremental sync uses the difference from the version it
+// replaced.
+type ipset struct {
+	typ   string // hash:ip, hash:net or hash:ip,port
+	v6    bool
+	count int
+
+	members     map[string]bool
+	materialize func() map[string]bool
+
+	// src identifies the value this set was rendered from; base, when set, the value whose
+	// rendering this one differs from by added and removed members.
+	src, base      any
+	added, removed []string
+}
+
+func (s *ipset) elements() map[string]bool {
+	if s.members == nil {
+		if s.materialize != nil {
+			s.members = s.materialize()
+		} else {
+			s.members = map[string]bool{}
+		}
+	}
+	return s.members
+}
+
+func (s *ipset) createLine(name string) string {
+	fam := "inet"
+	if s.v6 {
+		fam = "inet6"
+	}
+	return fmt.Sprintf("create %s %s family %s hashsize 1024 maxelem 1048576", name, s.typ, fam)
+}
+
+// Rendered is what the kernel should hold: sets by name, and per family (v4, v6) our chains
+// by name, each a list of rule specifications as iptables-save prints them after "-A NAME ".
+type Rendered struct {
+	Sets   map[string]*ipset
+	Chains [2]map[string][]string
+	// Sources maps every hashed kernel name to the Ruleset name it stands for, for render
+	// output and for the collision check.
+	Sources map[string]string
+	err     error
+}
+
+func (r *Rendered) size() dataplane.Size {
+	s := dataplane.Size{Sets: len(r.Sets)}
+	for fam := range r.Chains {
+		s.Chains += len(r.Chains[fam])
+		for _, rules := range r.Chains[fam] {
+			s.Rules += len(rules)
+		}
+	}
+	for _, st := range r.Sets {
+		s.Elements += st.count
+	}
+	return s
+}
+
+// Stats returns the object counts of r.
+func (r *Rendered) Stats() dataplane.Size { return r.size() }
+
+// name records that kernel name k stands for Ruleset name src and returns k. Two Ruleset
+// names hashing to the same kernel name would merge two objects; Render reports it instead.
+func (r *Rendered) name(k, src string) string {
+	if prev, ok := r.Sources[k]; ok && prev != src && r.err == nil {
+		r.err = fmt.Errorf("iptables names collide: %q and %q both map to %s", prev, src, k)
+	}
+	r.Sources[k] = src
+	return k
+}
+
+// Err reports a naming problem that makes r unusable.
+func (r *Rendered) Err() error { return r.err }
+
+// Renderer turns Rulesets into kernel content. It remembers what it rendered for each
+// published set and policy value, so unchanged ones cost nothing and come out as the same
+// pointer, which lets the diff skip them without comparing members.
+type Renderer struct {
+	prev, cur renderCache
+}
+
+type renderCache struct {
+	addrSets  map[*policy.AddrSet][2]*ipset
+	namedSets map[*policy.NamedPortSet][2]*ipset
+	cidrSets  map[*policy.CIDRSet]*ipset
+	policies  map[*policy.PolicyRules][2][]string
+}
+
+func newRenderCache() renderCache {
+	return renderCache{addrSets: map[*policy.AddrSet][2]*ipset{}, namedSets: map[*policy.NamedPortSet][2]*ipset{},
+		cidrSets: map[*policy.CIDRSet]*ipset{}, policies: map[*policy.PolicyRules][2][]string{}}
+}
+
+// Render turns a Ruleset into kernel content with a fresh Renderer.
+func Render(rs *policy.Ruleset) *Rendered { return (&Renderer{}).Render(rs) }
+
+var ndTypes = []int{133, 134, 135, 136, 137} // router solicit/advert, neighbor solicit/advert, redirect
+
+// Render turns a Ruleset into kernel content.
+func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
+	rd.prev, rd.cur = rd.cur, newRenderCache()
+	if rd.prev.addrSets == nil {
+		rd.prev = newRenderCache()
+	}
+	r := &Rendered{Sets: map[string]*ipset{}, Sources: map[string]string{}}
+	for fam := range r.Chains {
+		r.Chains[fam] = map[string][]string{}
+	}
+
+	for fam := range r.Chains {
+		prelude := []string{"-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"}
+		if fam == v6 {
+			for _, t := range ndTypes {
+				prelude = append(prelude, fmt.Sprintf("-p ipv6-icmp -m icmp6 --icmpv6-type %d -j RETURN", t))
+			}
+		}
+		// Egress is judged on every packet from a pod, forwarded or delivered to the node;
+		// the filter table sees it after DNAT, so a Service address is already its endpoint.
+		r.Chains[fam][chainForward] = append(slices.Clip(prelude), "-j "+chainEgress, "-j "+chainIngress)
+		r.Chains[fam][chainInput] = append(slices.Clip(prelude), "-j "+chainEgress)
+		r.Chains[fam][chainEgress] = nil
+		r.Chains[fam][chainIngress] = nil
+	}
+
+	// Group members, per group and family.
+	members := map[string][2][]netip.Addr{}
+	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+		for ip, grp := range rs.Dispatch[dir] {
+			m := members[grp]
+			fam := v4
+			if ip.Is6() {
+				fam = v6
+			}
+			m[fam] = append(m[fam], ip)
+			members[grp] = m
+		}
+	}
+	for _, name := range sortedKeys(rs.Groups) {
+		g := rs.Groups[name]
+		dispatch, match := chainIngress, "dst"
+		if g.Direction == policy.Egress {
+			dispatch, match = chainEgress, "src"
+		}
+		for fam := range r.Chains {
+			ips := members[name][fam]
+			if len(ips) == 0 {
+				continue // no pod of this family: no rule, set or chain for it
+			}
+			setName := r.name(groupSet(name, fam), name)
+			chain := r.name(groupChain(name), name)
+			elems := map[string]bool{}
+			for _, ip := range ips {
+				elems[ip.String()] = true
+			}
+			r.Sets[setName] = &ipset{typ: "hash:ip", v6: fam == v6, count: len(elems), members: elems}
+			r.Chains[fam][dispatch] = append(r.Chains[fam][dispatch], fmt.Sprintf("-m set --match-set %s %s -g %s", setName, match, chain))
+			var rules []string
+			for _, p := range g.Policies {
+				pr, ok := rs.Policies[p]
+				if !ok {
+					continue
+				}
+				lines, ok := rd.cur.policies[pr]
+				if !ok {
+					if lines, ok = rd.prev.policies[pr]; !ok {
+						lines = policyLines(pr)
+					}
+					rd.cur.policies[pr] = lines
+				}
+				rules = append(rules, lines[fam]...)
+			}
+			r.Chains[fam][chain] = append(rules, "-j DROP")
+		}
+	}
+	// Policy rules name their sets through the hash of the Ruleset name; record the sources
+	// here, where each name is known, so collisions are found.
+	for name, as := range rs.AddrSets {
+		pair, ok := rd.prev.addrSets[as]
+		if !ok {
+			base, hasBase := rd.prev.addrSets[as.Prev]
+			pair = renderPair("hash:ip", as, as.Prev, hasBase, base, as.Addrs, as.Added, as.Removed,
+				netip.Addr.Is6, netip.Addr.String)
+		}
+		rd.cur.addrSets[as] = pair
+		r.Sets[r.name(podSet(name, v4), name)], r.Sets[r.name(podSet(name, v6), name)] = pair[0], pair[1]
+	}
+	for name, cs := range rs.CIDRSets {
+		s, ok := rd.prev.cidrSets[cs]
+		if !ok {
+			elems := map[string]bool{}
+			for _, p := range cs.Prefixes {
+				elems[prefixMember(p)] = true
+			}
+			s = &ipset{typ: "hash:net", v6: cs.IPv6, count: len(elems), members: elems, src: cs}
+		}
+		rd.cur.cidrSets[cs] = s
+		fam := v4
+		if cs.IPv6 {
+			fam = v6
+		}
+		r.Sets[r.name(cidrSet(name, fam), name)] = s
+	}
+	for name, ns := range rs.NamedPortSets {
+		pair, ok := rd.prev.namedSets[ns]
+		if !ok {
+			base, hasBase := rd.prev.namedSets[ns.Prev]
+			proto := namedPortProto(name)
+			pair = renderPair("hash:ip,port", ns, ns.Prev, hasBase, base, ns.Entries, ns.Added, ns.Removed,
+				func(e netip.AddrPort) bool { return e.Addr().Is6() },
+				func(e netip.AddrPort) string {
+					return e.Addr().String() + "," + proto + ":" + strconv.Itoa(int(e.Port()))
+				})
+		}
+		rd.cur.namedSets[ns] = pair
+		r.Sets[r.name(portSet(name, v4), name)], r.Sets[r.name(portSet(name, v6), name)] = pair[0], pair[1]
+	}
+	for fam := range r.Chains {
+		for name := range r.Chains[fam] {
+			if len(name) > maxChainName && r.err == nil {
+				r.err = fmt.Errorf("chain name %s longer than %d characters", name, maxChainName)
+			}
+		}
+	}
+	for name := range r.Sets {
+		if len(name) > maxSetName && r.err == nil {
+			r.err = fmt.Errorf("set name %s longer than %d characters", name, maxSetName)
+		}
+	}
+	return r
+}
+
+// namedPortProto recovers the protocol of a named-port set from its Ruleset name
+// ("port-<name>-<proto>"), which ipset needs in every member.
+func namedPortProto(name string) string {
+	i := strings.LastIndexByte(name, '-')
+	return name[i+1:]
+}
+
+// renderPair renders one family-mixed peer set as an IPv4 and an IPv6 set. When the value it
+// replaced was rendered last time (base), only the difference is formatted; the full member
+// lists are produced lazily.
+func renderPair[T any, P comparable](typ string, src any, prev P, hasBase bool, base [2]*ipset,
+	all, added, removed []T, is6 func(T) bool, format func(T) string) [2]*ipset {
+	var pair [2]*ipset
+	for fam := range pair {
+		isV6 := fam == v6
+		s := &ipset{typ: typ, v6: isV6, src: src}
+		s.materialize = func() map[string]bool {
+			m := map[string]bool{}
+			for _, v := range all {
+				if is6(v) == isV6 {
+					m[format(v)] = true
+				}
+			}
+			return m
+		}
+		if hasBase {
+			s.base = any(prev)
+			for _, v := range added {
+				if is6(v) == isV6 {
+					s.added = append(s.added, format(v))
+				}
+			}
+			for _, v := range removed {
+				if is6(v) == isV6 {
+					s.removed = append(s.removed, format(v))
+				}
+			}
+			s.count = base[fam].count + len(s.added) - len(s.removed)
+		} else {
+			for _, v := range all {
+				if is6(v) == isV6 {
+					s.count++
+				}
+			}
+		}
+		pair[fam] = s
+	}
+	return pair
+}
+
+// prefixMember spells a prefix as `ipset save` lists it in a hash:net set.
+func prefixMember(p netip.Prefix) string {
+	if p.IsSingleIP() {
+		return p.Addr().String()
+	}
+	return p.Masked().String()
+}
+
+// policyLines expands one policy's rules into iptables rule specifications per family: one per
+// peer, port range and family. Any of them matching returns, which allows the packet.
+func policyLines(p *policy.PolicyRules) [2][]string {
+	peerDir := "src"
+	if p.Direction == policy.Egress {
+		peerDir = "dst"
+	}
+	var out [2][]string
+	for _, rule := range p.Rules {
+		peers := rule.Peers
+		if len(peers) == 0 {
+			peers = []policy.Peer{{}}
+		}
+		ports := rule.Ports
+		if len(ports) == 0 {
+			ports = []policy.PortMatch{{}}
+		}
+		for _, peer := range peers {
+			for _, port := range ports {
+				ranges := port.Ranges
+				if len(ranges) == 0 {
+					ranges = []policy.PortRange{{}}
+				}
+				for _, fam := range peerFamilies(peer) {
+					for _, pr := range ranges {
+						var parts []string
+						if port.Protocol != "" {
+							parts = append(parts, "-p "+string(port.Protocol))
+						}
+						switch {
+						case peer.AddrSet != "":
+							parts = append(parts, "-m set --match-set "+podSet(peer.AddrSet, fam)+" "+peerDir)
+						case peer.CIDRSet != "":
+							parts = append(parts, "-m set --match-set "+cidrSet(peer.CIDRSet, fam)+" "+peerDir)
+						}
+						if port.Protocol != "" {
+							switch {
+							case port.NamedPortSet != "":
+								parts = append(parts, "-m set --match-set "+portSet(port.NamedPortSet, fam)+" dst,dst")
+							case pr.Last != 0:
+								parts = append(parts, "-m "+string(port.Protocol)+" --dport "+portRange(pr))
+							}
+						}
+						out[fam] = append(out[fam], strings.Join(append(parts, "-j RETURN"), " "))
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// peerFamilies returns the families a peer needs a rule in. Unlike an inet table, iptables and
+// ip6tables are separate, so a rule that names no family-specific set goes to both.
+func peerFamilies(peer policy.Peer) []int {
+	if peer.CIDRSet != "" {
+		if peer.IPv6 {
+			return []int{v6}
+		}
+		return []int{v4}
+	}
+	return []int{v4, v6}
+}
+
+func portRange(r policy.PortRange) string {
+	if r.First == r.Last {
+		return strconv.Itoa(int(r.First))
+	}
+	return fmt.Sprintf("%d:%d", r.First, r.Last)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
