@@ -17,6 +17,8 @@ deps:
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/netwarden ./cmd/netwarden
 	$(GO) build -o $(BIN)/netwarden-demo ./cmd/netwarden-demo
+	$(GO) build -o $(BIN)/netwarden-portmap ./cmd/netwarden-portmap
+	$(GO) build -o $(BIN)/netwarden-ipmasq ./cmd/netwarden-ipmasq
 
 # Kernel tests find the agent binary through NETWARDEN_BIN; API tests find kube-apiserver, etcd and
 # kubectl through KUBE_BIN_DIR (built once from Go modules, then cached by version).
