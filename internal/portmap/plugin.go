@@ -15,7 +15,7 @@ import (
 // Plugin is netwarden-portmap.
 type Plugin struct{}
 
-func (Plugin) Name() string              { return "netwarden-portmap" }
+func (Plugin) Name() string             { return "netwarden-portmap" }
 func (Plugin) NFTLayout() cni.NFTLayout { return NFTLayout() }
 func (Plugin) IPTLayout() cni.IPTLayout { return IPTLayout() }
 
