@@ -25,6 +25,8 @@ type Config struct {
 	Source   cluster.Source
 	// Policy is the NetworkPolicy backend; nil disables NetworkPolicy enforcement.
 	Policy dataplane.PolicyBackend
+	// Masquerade configures SNAT of pod traffic; nil disables it.
+	Masquerade *Masquerade
 	// ResyncPeriod is how often the kernel is checked for drift and repaired.
 	ResyncPeriod time.Duration
 	// MinSyncInterval coalesces bursts of events into one transaction.
@@ -35,12 +37,14 @@ type Config struct {
 
 // Agent keeps the kernel in step with the cluster.
 type Agent struct {
-	cfg      Config
-	log      *slog.Logger
-	compiler *policy.Compiler
-	metrics  *metrics
-	ready    atomic.Bool
-	trigger  chan struct{}
+	cfg         Config
+	log         *slog.Logger
+	compiler    *policy.Compiler
+	metrics     *metrics
+	ready       atomic.Bool // the NetworkPolicy feature (or its absence) is ready
+	readyLogged atomic.Bool
+	trigger     chan struct{}
+	masq        *masqLoop
 	// lastEvent is when the oldest unprocessed change was seen, for programming latency.
 	lastEvent atomic.Int64
 }
@@ -56,7 +60,11 @@ func New(cfg Config) *Agent {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Agent{cfg: cfg, log: cfg.Logger, trigger: make(chan struct{}, 1), compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics()}
+	a := &Agent{cfg: cfg, log: cfg.Logger, trigger: make(chan struct{}, 1), compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics()}
+	if cfg.Masquerade != nil {
+		a.masq = newMasqLoop(a, cfg.Masquerade)
+	}
+	return a
 }
 
 func (a *Agent) notify() {
@@ -65,10 +73,20 @@ func (a *Agent) notify() {
 	case a.trigger <- struct{}{}:
 	default:
 	}
+	if a.masq != nil {
+		a.masq.notify()
+	}
 }
 
-// Ready reports whether the first sync succeeded.
-func (a *Agent) Ready() bool { return a.ready.Load() }
+// logReady logs "ready" once, when the last enabled feature has completed its first sync.
+func (a *Agent) logReady() {
+	if a.Ready() && !a.readyLogged.Swap(true) {
+		a.log.Info("ready")
+	}
+}
+
+// Ready reports whether the first sync of every enabled feature succeeded.
+func (a *Agent) Ready() bool { return a.ready.Load() && (a.masq == nil || a.masq.ready.Load()) }
 
 func (a *Agent) startSource(ctx context.Context) <-chan error {
 	errc := make(chan error, 1)
@@ -106,6 +124,11 @@ func (a *Agent) Once(ctx context.Context) error {
 	srcErr := a.startSource(ctx)
 	if err := a.waitSynced(ctx, srcErr); err != nil {
 		return err
+	}
+	if a.masq != nil {
+		if err := a.masq.once(ctx); err != nil {
+			return err
+		}
 	}
 	if a.cfg.Policy == nil {
 		return nil
@@ -146,15 +169,34 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("cluster state synced", "node", a.cfg.NodeName)
 
+	// Each feature runs its own loop on the shared state, so that one failing (an invalid
+	// masquerade config, say) never holds the other back.
+	loops := make(chan error, 2)
+	if a.masq != nil {
+		go func() { loops <- a.masq.run(ctx) }()
+	}
 	if a.cfg.Policy == nil {
 		a.ready.Store(true)
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-srcErr:
-			return err
-		}
+		a.logReady()
+	} else {
+		go func() { loops <- a.policyLoop(ctx) }()
 	}
+	select {
+	case <-ctx.Done():
+		a.log.Info("stopping; rules stay in place")
+		return nil
+	case err := <-loops:
+		return err
+	case err := <-srcErr:
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("cluster state source: %w", err)
+	}
+}
+
+// policyLoop keeps the NetworkPolicy rules in step with the state until ctx is done.
+func (a *Agent) policyLoop(ctx context.Context) error {
 
 	resync := time.NewTicker(a.cfg.ResyncPeriod)
 	defer resync.Stop()
@@ -177,19 +219,13 @@ func (a *Agent) Run(ctx context.Context) error {
 			} else {
 				full, backoff = false, 0
 				if !a.ready.Swap(true) {
-					a.log.Info("ready")
+					a.logReady()
 				}
 			}
 		}
 		select {
 		case <-ctx.Done():
-			a.log.Info("stopping; rules stay in place")
 			return nil
-		case err := <-srcErr:
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("cluster state source: %w", err)
 		case <-a.trigger:
 			// Coalesce a burst of events into one transaction.
 			time.Sleep(a.cfg.MinSyncInterval)
@@ -252,7 +288,7 @@ func (a *Agent) serveHealth(ctx context.Context) error {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !a.ready.Load() {
+		if !a.Ready() {
 			http.Error(w, "not ready: first sync has not completed", http.StatusServiceUnavailable)
 			return
 		}

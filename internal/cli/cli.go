@@ -112,7 +112,7 @@ func (f *stateFlags) source(log *slog.Logger) (cluster.Source, error) {
 func Main(args []string) int {
 	root := &cobra.Command{
 		Use:           "netwarden",
-		Short:         "Node network agent: NetworkPolicy enforced in the kernel",
+		Short:         "Node network agent: NetworkPolicy and masquerade enforced in the kernel",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -127,6 +127,7 @@ func Main(args []string) int {
 
 func agentCmd() *cobra.Command {
 	var f stateFlags
+	var mf masqFlags
 	var once bool
 	var healthAddr string
 	var resync time.Duration
@@ -157,6 +158,14 @@ func agentCmd() *cobra.Command {
 				// Turning the feature off must not leave old rules enforcing.
 				return err
 			}
+			if cfg.Masquerade, err = mf.config(cmd.Context(), f.backend, log); err != nil {
+				return err
+			}
+			if !mf.enabled {
+				if err := cleanupMasquerade(cmd.Context()); err != nil {
+					return err
+				}
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			a := agent.New(cfg)
@@ -167,6 +176,7 @@ func agentCmd() *cobra.Command {
 		},
 	}
 	f.register(cmd)
+	mf.register(cmd)
 	cmd.Flags().BoolVar(&once, "once", false, "sync once; exit 0 when the kernel holds the desired state, non-zero otherwise")
 	cmd.Flags().StringVar(&healthAddr, "health-addr", "127.0.0.1:9491", "serve /healthz and /readyz on HOST:PORT (empty disables)")
 	cmd.Flags().DurationVar(&resync, "resync-period", 30*time.Second, "how often to check the kernel for drift and repair it")
@@ -175,6 +185,7 @@ func agentCmd() *cobra.Command {
 
 func renderCmd() *cobra.Command {
 	var f stateFlags
+	var mf masqFlags
 	cmd := &cobra.Command{
 		Use:   "render",
 		Short: "Print the complete ruleset the agent would apply; touch nothing",
@@ -212,19 +223,26 @@ func renderCmd() *cobra.Command {
 				}
 				st = src.Snapshot()
 			}
-			if !f.networkPolicy {
-				return nil
+			if f.networkPolicy {
+				rs, _ := policy.Compile(st, node)
+				text, err := renderPolicy(cmd.Context(), f.backend, rs)
+				if err != nil {
+					return err
+				}
+				fmt.Fprint(cmd.OutOrStdout(), text)
 			}
-			rs, _ := policy.Compile(st, node)
-			text, err := renderPolicy(cmd.Context(), f.backend, rs)
-			if err != nil {
-				return err
+			if mf.enabled {
+				text, err := mf.render(cmd.Context(), f.backend, st, node)
+				if err != nil {
+					return err
+				}
+				fmt.Fprint(cmd.OutOrStdout(), text)
 			}
-			fmt.Fprint(cmd.OutOrStdout(), text)
 			return nil
 		},
 	}
 	f.register(cmd)
+	mf.register(cmd)
 	return cmd
 }
 
@@ -234,7 +252,7 @@ func cleanupCmd() *cobra.Command {
 		Short: "Remove everything netwarden installed",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cleanupPolicy(cmd.Context())
+			return errors.Join(cleanupPolicy(cmd.Context()), cleanupMasquerade(cmd.Context()))
 		},
 	}
 }

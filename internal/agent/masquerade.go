@@ -1,0 +1,261 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/masquerade"
+)
+
+// Masquerade configures the agent's masquerade feature.
+type Masquerade struct {
+	Backend masquerade.Backend
+	// Config is the watched --masq-config file (or the defaults).
+	Config  *masquerade.ConfigFile
+	Options masquerade.Options
+}
+
+// masqLoop keeps the masquerade rules in step with the Nodes and the config file. It is
+// event-driven: rules are written only when the desired state changes, and the kernel is
+// checked (not rewritten) at the config's resyncInterval.
+type masqLoop struct {
+	a       *Agent
+	cfg     *Masquerade
+	trigger chan struct{}
+	ready   atomic.Bool
+	// applied is the desired state of the last successful sync; nil before the first one.
+	applied *masquerade.Desired
+	// warnedNoSources avoids repeating the same warning on every Node event.
+	warnedNoSources bool
+	metrics         *masqMetrics
+}
+
+type masqMetrics struct {
+	syncDuration *prometheus.HistogramVec
+	syncErrors   *prometheus.CounterVec
+	configErrors prometheus.Counter
+	configValid  prometheus.Gauge
+	driftRepairs prometheus.Counter
+	ranges       *prometheus.GaugeVec
+}
+
+func newMasqLoop(a *Agent, cfg *Masquerade) *masqLoop {
+	m := &masqMetrics{
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "netwarden_masquerade_sync_duration_seconds", Buckets: latencyBuckets,
+			Help: "Time to apply a masquerade change to the kernel, by backend and by full or partial sync.",
+		}, []string{"backend", "sync"}),
+		syncErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "netwarden_masquerade_sync_errors_total",
+			Help: "Masquerade syncs that failed; the kernel kept the last applied rules.",
+		}, []string{"backend"}),
+		configErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "netwarden_masquerade_config_errors_total",
+			Help: "Loads of the masquerade config file that failed; the last good config stayed in effect.",
+		}),
+		configValid: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "netwarden_masquerade_config_valid",
+			Help: "1 when the masquerade config file as it is now is in effect, 0 when it is invalid.",
+		}),
+		driftRepairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "netwarden_masquerade_drift_repairs_total",
+			Help: "Times the masquerade rules were found changed by someone else and restored.",
+		}),
+		ranges: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "netwarden_masquerade_ranges",
+			Help: "Address ranges in the masquerade sets, by set (sources, non-masquerade destinations) and family.",
+		}, []string{"set", "family"}),
+	}
+	a.metrics.registry.MustRegister(m.syncDuration, m.syncErrors, m.configErrors, m.configValid, m.driftRepairs, m.ranges)
+	a.metrics.backendInfo.WithLabelValues("masquerade", cfg.Backend.Name()).Set(1)
+	m.syncErrors.WithLabelValues(cfg.Backend.Name())
+	return &masqLoop{a: a, cfg: cfg, trigger: make(chan struct{}, 1), metrics: m}
+}
+
+func (l *masqLoop) notify() {
+	select {
+	case l.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// desired computes the masquerade state from the config in effect and the current Nodes.
+func (l *masqLoop) desired() (*masquerade.Desired, masquerade.Config, error) {
+	cfg, ok, err := l.cfg.Config.Current()
+	if err != nil {
+		l.metrics.configValid.Set(0)
+	} else {
+		l.metrics.configValid.Set(1)
+	}
+	if !ok {
+		return nil, cfg, fmt.Errorf("no valid masquerade config yet: %w", err)
+	}
+	st := l.a.cfg.Source.Snapshot()
+	if !l.cfg.Options.AllSources && len(masquerade.LocalPodCIDRs(st.Nodes, l.a.cfg.NodeName)) == 0 {
+		if !l.warnedNoSources {
+			l.a.log.Warn("this node has no podCIDRs (no Node object, or spec.podCIDRs empty): nothing is masqueraded until it has; use --masquerade-all-sources for pod networks that do not use them",
+				"node", l.a.cfg.NodeName)
+			l.warnedNoSources = true
+		}
+	} else {
+		l.warnedNoSources = false
+	}
+	return masquerade.Compute(cfg, l.cfg.Options, st.Nodes, l.a.cfg.NodeName), cfg, nil
+}
+
+func (l *masqLoop) once(ctx context.Context) error {
+	if _, err := l.cfg.Config.Reload(); err != nil {
+		return err
+	}
+	d, _, err := l.desired()
+	if err != nil {
+		return err
+	}
+	res, err := l.cfg.Backend.FullSync(ctx, d)
+	if err != nil {
+		return err
+	}
+	l.a.log.Info("masquerade synced", "backend", l.cfg.Backend.Name(), "full", true, "operations", res.Operations)
+	if err := l.cfg.Backend.Verify(ctx); err != nil {
+		return fmt.Errorf("kernel does not hold the desired masquerade state after sync: %w", err)
+	}
+	return nil
+}
+
+func (l *masqLoop) run(ctx context.Context) error {
+	if _, err := l.cfg.Config.Reload(); err != nil {
+		l.metrics.configErrors.Inc()
+		l.a.log.Error("invalid masquerade config; masquerade rules in the kernel are left as they are until it is fixed", "err", err)
+	}
+	watchErr := make(chan error, 1)
+	go func() {
+		watchErr <- l.cfg.Config.Watch(ctx, func() {
+			if _, _, err := l.cfg.Config.Current(); err != nil {
+				l.metrics.configErrors.Inc()
+			}
+			l.notify()
+		})
+	}()
+
+	resyncEvery := func() time.Duration {
+		if cfg, ok, _ := l.cfg.Config.Current(); ok {
+			return cfg.ResyncInterval
+		}
+		return time.Minute
+	}
+	interval := resyncEvery()
+	resync := time.NewTicker(interval)
+	defer resync.Stop()
+	retry := time.NewTimer(0)
+	<-retry.C
+	backoff := time.Duration(0)
+	full, pending := true, true
+	for {
+		if pending {
+			pending = false
+			err := l.sync(ctx, full)
+			switch {
+			case errors.Is(err, errNoConfig):
+				// Nothing to do until the file is fixed; the watcher will tell us.
+			case err != nil:
+				l.metrics.syncErrors.WithLabelValues(l.cfg.Backend.Name()).Inc()
+				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
+				l.a.log.Error("masquerade sync failed; the kernel keeps the last applied rules", "err", err, "retryIn", backoff)
+				retry.Reset(backoff)
+			default:
+				full, backoff = false, 0
+				if !l.ready.Swap(true) {
+					l.a.logReady()
+				}
+			}
+			if d := resyncEvery(); d != interval {
+				interval = d
+				resync.Reset(interval)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-watchErr:
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		case <-l.trigger:
+			time.Sleep(l.a.cfg.MinSyncInterval)
+			pending = true
+		case <-retry.C:
+			pending = true
+		case <-resync.C:
+			if l.applied == nil {
+				continue
+			}
+			if err := l.cfg.Backend.Verify(ctx); err != nil {
+				l.a.log.Warn("restoring masquerade rules", "reason", err)
+				l.metrics.driftRepairs.Inc()
+				full, pending = true, true
+			}
+		}
+	}
+}
+
+var errNoConfig = errors.New("no valid masquerade config")
+
+func (l *masqLoop) sync(ctx context.Context, full bool) error {
+	start := time.Now()
+	d, _, err := l.desired()
+	if err != nil {
+		l.a.log.Error("masquerade not applied", "err", err)
+		return errNoConfig
+	}
+	if !full && l.applied != nil && l.applied.Equal(d) {
+		return nil
+	}
+	var res dataplane.SyncResult
+	if full {
+		res, err = l.cfg.Backend.FullSync(ctx, d)
+	} else {
+		res, err = l.cfg.Backend.Sync(ctx, d)
+	}
+	if err != nil {
+		return err
+	}
+	l.applied = d
+	kind := "partial"
+	if res.Full {
+		kind = "full"
+	}
+	l.metrics.syncDuration.WithLabelValues(l.cfg.Backend.Name(), kind).Observe(time.Since(start).Seconds())
+	for fam, name := range []string{"ipv4", "ipv6"} {
+		l.metrics.ranges.WithLabelValues("sources", name).Set(float64(len(d.Sources[fam])))
+		l.metrics.ranges.WithLabelValues("non-masquerade", name).Set(float64(len(d.NoMasquerade[fam])))
+	}
+	attrs := []any{"backend", l.cfg.Backend.Name(), "full", res.Full, "operations", res.Operations,
+		"apply", time.Since(start).Round(time.Microsecond),
+		"sources", describeRanges(d.Sources), "nonMasqueradeRanges", len(d.NoMasquerade[0]) + len(d.NoMasquerade[1])}
+	if res.Fallback != "" {
+		attrs = append(attrs, "fallbackReason", res.Fallback)
+	}
+	l.a.log.Info("masquerade synced", attrs...)
+	return nil
+}
+
+func describeRanges(rs [2][]masquerade.Range) string {
+	var parts []string
+	for _, fam := range rs {
+		for _, r := range fam {
+			parts = append(parts, r.String())
+		}
+	}
+	if len(parts) > 4 {
+		return fmt.Sprintf("%s and %d more", strings.Join(parts[:4], ","), len(parts)-4)
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,151 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/masquerade"
+	"github.com/netwarden/netwarden/internal/xtables"
+)
+
+// masqFlags are the masquerade feature's flags, named as ip-masq-agent names them where it
+// has the same setting.
+type masqFlags struct {
+	enabled           bool
+	configPath        string
+	noMasqCIDRs       []string
+	allReservedRanges bool
+	randomFully       bool
+	allSources        bool
+}
+
+func (f *masqFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.BoolVar(&f.enabled, "masquerade", true, "masquerade (SNAT) pod traffic that leaves the cluster")
+	fs.StringVar(&f.configPath, "masq-config", "", "ip-masq-agent config file (YAML or JSON), watched; absent file or empty flag: ip-masq-agent's defaults")
+	fs.StringArrayVar(&f.noMasqCIDRs, "no-masquerade-cidr", nil, "a destination CIDR that keeps the pod's address, in addition to the config file's (repeatable)")
+	fs.BoolVar(&f.allReservedRanges, "nomasq-all-reserved-ranges", false, "add all IPv4 ranges reserved by RFCs to the default non-masquerade CIDRs (as ip-masq-agent's flag)")
+	fs.BoolVar(&f.randomFully, "random-fully", true, "fully randomise the source port of masqueraded connections")
+	fs.BoolVar(&f.allSources, "masquerade-all-sources", false, "masquerade traffic from any source, not only from this node's podCIDRs")
+}
+
+func (f *masqFlags) options() (masquerade.Options, error) {
+	opts := masquerade.Options{AllReservedRanges: f.allReservedRanges, RandomFully: f.randomFully, AllSources: f.allSources}
+	for _, s := range f.noMasqCIDRs {
+		p, err := masquerade.ParseAlignedCIDR(s)
+		if err != nil {
+			return opts, fmt.Errorf("--no-masquerade-cidr: %w", err)
+		}
+		opts.ExtraNonMasqueradeCIDRs = append(opts.ExtraNonMasqueradeCIDRs, p)
+	}
+	return opts, nil
+}
+
+// config builds the agent's masquerade feature, or nil when it is off. A config file that is
+// invalid at start is not fatal: the agent enforces NetworkPolicy, reports the error, and
+// applies masquerade once the file is fixed.
+func (f *masqFlags) config(ctx context.Context, backend string, log *slog.Logger) (*agent.Masquerade, error) {
+	if !f.enabled {
+		return nil, nil
+	}
+	opts, err := f.options()
+	if err != nil {
+		return nil, err
+	}
+	b, err := masqueradeBackend(ctx, backend)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("masquerade backend selected", "backend", b.Name(), "requested", backend)
+	return &agent.Masquerade{Backend: b, Config: masquerade.NewConfigFile(f.configPath, f.allReservedRanges, log), Options: opts}, nil
+}
+
+// masqueradeBackend picks the backend as the rest of the agent does: nftables when nft works
+// here, else iptables (iptables-nft, then legacy).
+func masqueradeBackend(ctx context.Context, name string) (masquerade.Backend, error) {
+	switch name {
+	case "auto", "nftables":
+		b, err := masquerade.NewNFTables()
+		if err == nil {
+			return b, nil
+		}
+		if name == "nftables" {
+			return nil, fmt.Errorf("--backend nftables: nftables unusable: %w", err)
+		}
+		r, ierr := iptablesRunner(ctx)
+		if ierr != nil {
+			return nil, fmt.Errorf("--backend auto: neither nftables (%v) nor iptables (%v) is usable", err, ierr)
+		}
+		return masquerade.NewIPTables(r), nil
+	case "iptables":
+		r, err := iptablesRunner(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("--backend iptables: %w", err)
+		}
+		return masquerade.NewIPTables(r), nil
+	}
+	return nil, fmt.Errorf("--backend %q: want auto, nftables or iptables", name)
+}
+
+// iptablesRunner picks the iptables variant: $NETWARDEN_IPTABLES_MODE (nft or legacy) when
+// set, else iptables-nft when it works, else iptables-legacy.
+func iptablesRunner(ctx context.Context) (*xtables.Runner, error) {
+	if m := os.Getenv("NETWARDEN_IPTABLES_MODE"); m != "" {
+		mode, err := xtables.ParseMode(m)
+		if err != nil {
+			return nil, fmt.Errorf("$NETWARDEN_IPTABLES_MODE: %w", err)
+		}
+		return xtables.NewRunner(ctx, mode)
+	}
+	return xtables.Detect(ctx)
+}
+
+// renderMasquerade returns the masquerade rules that the agent would apply for st.
+func (f *masqFlags) render(ctx context.Context, backend string, st *cluster.State, node string) (string, error) {
+	opts, err := f.options()
+	if err != nil {
+		return "", err
+	}
+	cfg := masquerade.DefaultConfig(f.allReservedRanges)
+	if f.configPath != "" {
+		if cfg, _, err = masquerade.LoadConfig(f.configPath, f.allReservedRanges); err != nil {
+			return "", err
+		}
+	}
+	d := masquerade.Compute(cfg, opts, st.Nodes, node)
+	switch backend {
+	case "auto", "nftables":
+		return masquerade.NewNFTablesWithInterface(nil).Render(d), nil
+	case "iptables":
+		mode := xtables.ModeNFT
+		if m := os.Getenv("NETWARDEN_IPTABLES_MODE"); m != "" {
+			if mode, err = xtables.ParseMode(m); err != nil {
+				return "", fmt.Errorf("$NETWARDEN_IPTABLES_MODE: %w", err)
+			}
+		}
+		return masquerade.NewIPTables(&xtables.Runner{Mode: mode}).Render(d), nil
+	}
+	return "", fmt.Errorf("--backend %q: want auto, nftables or iptables", backend)
+}
+
+// cleanupMasquerade removes the masquerade rules of both backends, tolerating one that this
+// host does not have.
+func cleanupMasquerade(ctx context.Context) error {
+	var errs []error
+	if b, err := masquerade.NewNFTables(); err == nil {
+		if err := b.Cleanup(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := masquerade.NewIPTables(&xtables.Runner{Mode: xtables.ModeNFT}).Cleanup(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

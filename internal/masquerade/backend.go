@@ -1,0 +1,101 @@
+package masquerade
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/netwarden/netwarden/internal/dataplane"
+)
+
+// Backend programs a Desired state into the kernel.
+type Backend interface {
+	// Name is the backend's name, as logs and metrics show it.
+	Name() string
+	// Sync makes the kernel hold d in one transaction, sending only the difference from the
+	// last successful sync when it can.
+	Sync(ctx context.Context, d *Desired) (dataplane.SyncResult, error)
+	// FullSync replaces everything the backend owns with d.
+	FullSync(ctx context.Context, d *Desired) (dataplane.SyncResult, error)
+	// Verify reports an error when the kernel no longer holds what was last applied.
+	Verify(ctx context.Context) error
+	// Cleanup removes everything the backend installed.
+	Cleanup(ctx context.Context) error
+	// Render returns the complete rules for d as the backend would apply them, touching nothing.
+	Render(d *Desired) string
+}
+
+// setNames are the four address sets every backend keeps, in a fixed order.
+type setKind struct {
+	family int // 0 IPv4, 1 IPv6
+	source bool
+}
+
+func (k setKind) ranges(d *Desired) []Range {
+	if k.source {
+		return d.Sources[k.family]
+	}
+	return d.NoMasquerade[k.family]
+}
+
+var setKinds = []setKind{{0, true}, {1, true}, {0, false}, {1, false}}
+
+// rangeDiff returns what to add to and remove from have to make want.
+func rangeDiff(have, want []Range) (add, remove []Range) {
+	hs := make(map[Range]bool, len(have))
+	for _, r := range have {
+		hs[r] = true
+	}
+	ws := make(map[Range]bool, len(want))
+	for _, r := range want {
+		ws[r] = true
+		if !hs[r] {
+			add = append(add, r)
+		}
+	}
+	for _, r := range have {
+		if !ws[r] {
+			remove = append(remove, r)
+		}
+	}
+	return add, remove
+}
+
+// parseRange reads an element as nft or ipset print it: an address, a prefix or "a-b".
+func parseRange(s string) (Range, error) {
+	s = strings.TrimSpace(s)
+	if a, b, ok := strings.Cut(s, "-"); ok {
+		first, err1 := netip.ParseAddr(strings.TrimSpace(a))
+		last, err2 := netip.ParseAddr(strings.TrimSpace(b))
+		if err1 != nil || err2 != nil {
+			return Range{}, fmt.Errorf("element %q is not a range", s)
+		}
+		return Range{First: first, Last: last}, nil
+	}
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return Range{}, fmt.Errorf("element %q is not a prefix", s)
+		}
+		return prefixRange(p), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return Range{}, fmt.Errorf("element %q is not an address", s)
+	}
+	return Range{First: a, Last: a}, nil
+}
+
+// normalize merges kernel elements (which the kernel or ipset may have split differently
+// from what we sent) into the canonical form Desired uses.
+func normalize(rs []Range, ipv6 bool) []Range {
+	var ps []netip.Prefix
+	for _, r := range rs {
+		ps = append(ps, r.Prefixes()...)
+	}
+	return mergeRanges(ps, ipv6)
+}
+
+func sameRanges(a, b []Range) bool { return slices.Equal(a, b) }

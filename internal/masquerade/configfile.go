@@ -1,0 +1,138 @@
+package masquerade
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// ConfigFile is the --masq-config file, watched: every write, rename or ConfigMap update
+// (which swaps a symlink in the file's directory) reloads it. A file that fails to parse is
+// reported and the last good config stays in effect, so a bad edit never half-applies.
+type ConfigFile struct {
+	path              string
+	allReservedRanges bool
+	log               *slog.Logger
+
+	mu      sync.Mutex
+	cur     Config
+	good    bool   // cur holds a config that parsed
+	raw     []byte // the content cur came from; nil for a missing file
+	present bool
+	lastErr error
+}
+
+// NewConfigFile returns the config at path; an empty path means the defaults, not watched.
+func NewConfigFile(path string, allReservedRanges bool, log *slog.Logger) *ConfigFile {
+	if log == nil {
+		log = slog.Default()
+	}
+	c := &ConfigFile{path: path, allReservedRanges: allReservedRanges, log: log}
+	if path == "" {
+		c.cur, c.good = DefaultConfig(allReservedRanges), true
+	}
+	return c
+}
+
+// Current returns the config in effect, whether there is one (false until the file has once
+// parsed), and the error of the latest load, if it failed.
+func (c *ConfigFile) Current() (Config, bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur, c.good, c.lastErr
+}
+
+// Reload reads the file now and reports whether the config in effect changed. A load error is
+// returned and remembered, and leaves the previous config in effect.
+func (c *ConfigFile) Reload() (bool, error) {
+	if c.path == "" {
+		return false, nil
+	}
+	data, err := os.ReadFile(c.path)
+	present := err == nil
+	if errors.Is(err, os.ErrNotExist) {
+		data, err = nil, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.lastErr = fmt.Errorf("masquerade config %s: %w", c.path, err)
+		return false, c.lastErr
+	}
+	if c.good && present == c.present && bytes.Equal(data, c.raw) {
+		c.lastErr = nil
+		return false, nil
+	}
+	cfg, err := ParseConfig(data, c.allReservedRanges)
+	if err != nil {
+		c.lastErr = fmt.Errorf("masquerade config %s: %w", c.path, err)
+		return false, c.lastErr
+	}
+	if !present {
+		c.log.Info("masquerade config file absent; using ip-masq-agent defaults", "path", c.path)
+	}
+	c.cur, c.good, c.raw, c.present, c.lastErr = cfg, true, data, present, nil
+	return true, nil
+}
+
+// Watch reloads the file whenever its directory changes and calls notify after each reload
+// that changed the config or failed. It returns when ctx is done. The directory, not the
+// file, is watched: editors and ConfigMap updates replace the file rather than write it.
+func (c *ConfigFile) Watch(ctx context.Context, notify func()) error {
+	if c.path == "" {
+		<-ctx.Done()
+		return nil
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watching masquerade config: %w", err)
+	}
+	defer w.Close()
+	dir := filepath.Dir(c.path)
+	if err := w.Add(dir); err != nil {
+		return fmt.Errorf("watching masquerade config directory %s: %w", dir, err)
+	}
+	// A change between the first load and the watch starting would otherwise be missed.
+	c.reloadAndNotify(notify)
+	// Events come in bursts (write, chmod, rename); one reload after a short quiet time
+	// reads the finished file.
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case _, ok := <-w.Events:
+			if !ok {
+				return errors.New("masquerade config watcher closed")
+			}
+			debounce = time.After(20 * time.Millisecond)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return errors.New("masquerade config watcher closed")
+			}
+			c.log.Warn("masquerade config watch error; reloading", "err", err)
+			debounce = time.After(20 * time.Millisecond)
+		case <-debounce:
+			debounce = nil
+			c.reloadAndNotify(notify)
+		}
+	}
+}
+
+func (c *ConfigFile) reloadAndNotify(notify func()) {
+	changed, err := c.Reload()
+	if err != nil {
+		c.log.Error("invalid masquerade config; the last good rules stay in effect", "err", err)
+	}
+	if changed || err != nil {
+		notify()
+	}
+}

@@ -1,0 +1,213 @@
+package masquerade
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/netwarden/netwarden/internal/dataplane"
+)
+
+// NFTablesTable is the masquerade table, separate from the NetworkPolicy table so that either
+// feature can be turned off alone.
+const NFTablesTable = "netwarden-masq"
+
+const nftChain = "postrouting"
+
+// NFTables is the nftables backend: table inet netwarden-masq with one nat chain at
+// postrouting and four interval sets. Its three rules never change with the configuration:
+// every change is set elements, one transaction.
+type NFTables struct {
+	nft knftables.Interface
+	// applied is what the kernel held after our last successful transaction; nil forces the
+	// next sync to replace the table.
+	applied *Desired
+	// rules is the chain as the kernel listed it after our last sync, to see in-place edits.
+	rules []string
+}
+
+// NewNFTables connects to nftables in the current network namespace.
+func NewNFTables() (*NFTables, error) {
+	nft, err := knftables.New(knftables.InetFamily, NFTablesTable)
+	if err != nil {
+		return nil, err
+	}
+	return &NFTables{nft: nft}, nil
+}
+
+// NewNFTablesWithInterface wraps an existing interface, such as knftables.NewFake for render
+// tests.
+func NewNFTablesWithInterface(nft knftables.Interface) *NFTables { return &NFTables{nft: nft} }
+
+// Name implements Backend.
+func (b *NFTables) Name() string { return "nftables" }
+
+func nftSetName(k setKind) string {
+	name := "nomasq-dst"
+	if k.source {
+		name = "masq-src"
+	}
+	if k.family == 1 {
+		return name + "-v6"
+	}
+	return name + "-v4"
+}
+
+func nftRules(d *Desired) []string {
+	masq := "masquerade"
+	if d.RandomFully {
+		masq += " fully-random"
+	}
+	return []string{
+		// A packet to one of the node's own addresses is never rewritten (as ip-masq-agent).
+		"fib daddr type local return",
+		fmt.Sprintf("ip saddr @%s ip daddr != @%s %s", nftSetName(setKind{0, true}), nftSetName(setKind{0, false}), masq),
+		fmt.Sprintf("ip6 saddr @%s ip6 daddr != @%s %s", nftSetName(setKind{1, true}), nftSetName(setKind{1, false}), masq),
+	}
+}
+
+func (b *NFTables) writeFull(tx *knftables.Transaction, d *Desired) {
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo("netwarden masquerade; managed, do not edit")})
+	for _, k := range setKinds {
+		typ := "ipv4_addr"
+		if k.family == 1 {
+			typ = "ipv6_addr"
+		}
+		tx.Add(&knftables.Set{Name: nftSetName(k), Type: typ, Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+		for _, r := range k.ranges(d) {
+			tx.Add(&knftables.Element{Set: nftSetName(k), Key: []string{r.String()}})
+		}
+	}
+	tx.Add(&knftables.Chain{
+		Name:     nftChain,
+		Type:     knftables.PtrTo(knftables.NATType),
+		Hook:     knftables.PtrTo(knftables.PostroutingHook),
+		Priority: knftables.PtrTo(knftables.SNATPriority),
+	})
+	for _, r := range nftRules(d) {
+		tx.Add(&knftables.Rule{Chain: nftChain, Rule: r})
+	}
+}
+
+// Render implements Backend.
+func (b *NFTables) Render(d *Desired) string {
+	tx := knftables.NewFake(knftables.InetFamily, NFTablesTable).NewTransaction()
+	b.writeFull(tx, d)
+	return tx.String()
+}
+
+// FullSync implements Backend: the table is replaced in one transaction, so a restarted agent
+// converges from whatever the kernel holds with no window (conntrack keeps existing
+// translations).
+func (b *NFTables) FullSync(ctx context.Context, d *Desired) (dataplane.SyncResult, error) {
+	tx := b.nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	tx.Delete(&knftables.Table{})
+	b.writeFull(tx, d)
+	if err := b.nft.Run(ctx, tx); err != nil {
+		b.applied = nil
+		return dataplane.SyncResult{Full: true}, fmt.Errorf("nftables masquerade full sync: %w", err)
+	}
+	b.applied = d
+	b.rules = nil
+	return dataplane.SyncResult{Full: true, Operations: tx.NumOperations(), Size: size(d)}, nil
+}
+
+// Sync implements Backend: after the first sync only set elements change, unless the rules
+// themselves do (a different --random-fully after a restart takes the full path).
+func (b *NFTables) Sync(ctx context.Context, d *Desired) (dataplane.SyncResult, error) {
+	if b.applied == nil || b.applied.RandomFully != d.RandomFully {
+		return b.FullSync(ctx, d)
+	}
+	tx := b.nft.NewTransaction()
+	for _, k := range setKinds {
+		add, remove := rangeDiff(k.ranges(b.applied), k.ranges(d))
+		for _, r := range remove {
+			tx.Delete(&knftables.Element{Set: nftSetName(k), Key: []string{r.String()}})
+		}
+		for _, r := range add {
+			tx.Add(&knftables.Element{Set: nftSetName(k), Key: []string{r.String()}})
+		}
+	}
+	ops := tx.NumOperations()
+	if ops == 0 {
+		return dataplane.SyncResult{Size: size(d)}, nil
+	}
+	if err := b.nft.Run(ctx, tx); err != nil {
+		// The kernel no longer holds what we think (someone deleted the table): replace it.
+		res, ferr := b.FullSync(ctx, d)
+		res.Fallback = err.Error()
+		return res, ferr
+	}
+	b.applied = d
+	return dataplane.SyncResult{Operations: ops, Size: size(d)}, nil
+}
+
+// Verify implements Backend: the chain must hold our rules (compared with the kernel's own
+// listing after our last sync) and every set exactly the applied ranges.
+func (b *NFTables) Verify(ctx context.Context) error {
+	if b.applied == nil {
+		return errors.New("nothing applied yet")
+	}
+	rules, err := b.nft.ListRules(ctx, nftChain)
+	if err != nil {
+		return fmt.Errorf("listing chain %s: %w", nftChain, err)
+	}
+	var texts []string
+	for _, r := range rules {
+		texts = append(texts, r.Rule)
+	}
+	if b.rules == nil {
+		if len(texts) != len(nftRules(b.applied)) {
+			return fmt.Errorf("chain %s has %d rules, want %d", nftChain, len(texts), len(nftRules(b.applied)))
+		}
+		b.rules = texts
+	} else if !slices.Equal(texts, b.rules) {
+		return fmt.Errorf("chain %s was changed: %q", nftChain, strings.Join(texts, "; "))
+	}
+	for _, k := range setKinds {
+		elems, err := b.nft.ListElements(ctx, "set", nftSetName(k))
+		if err != nil {
+			return fmt.Errorf("listing set %s: %w", nftSetName(k), err)
+		}
+		var have []Range
+		for _, e := range elems {
+			if len(e.Key) != 1 {
+				return fmt.Errorf("set %s: unexpected element %v", nftSetName(k), e.Key)
+			}
+			r, err := parseRange(e.Key[0])
+			if err != nil {
+				return fmt.Errorf("set %s: %w", nftSetName(k), err)
+			}
+			have = append(have, r)
+		}
+		if got, want := normalize(have, k.family == 1), k.ranges(b.applied); !sameRanges(got, want) {
+			return fmt.Errorf("set %s holds %d ranges, want %d", nftSetName(k), len(got), len(want))
+		}
+	}
+	return nil
+}
+
+// Cleanup implements Backend.
+func (b *NFTables) Cleanup(ctx context.Context) error {
+	tx := b.nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	tx.Delete(&knftables.Table{})
+	if err := b.nft.Run(ctx, tx); err != nil {
+		return fmt.Errorf("removing table inet %s: %w", NFTablesTable, err)
+	}
+	b.applied = nil
+	return nil
+}
+
+func size(d *Desired) dataplane.Size {
+	s := dataplane.Size{Chains: 1, Rules: 3, Sets: len(setKinds)}
+	for _, k := range setKinds {
+		s.Elements += len(k.ranges(d))
+	}
+	return s
+}

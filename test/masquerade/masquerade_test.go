@@ -1,0 +1,336 @@
+// Package masquerade_test proves the agent's masquerade with packets: a node with pods, an
+// "Internet" namespace beyond the node's default route holding servers that report the source
+// address they see, and a second node whose pod CIDR comes from its Node object.
+package masquerade_test
+
+import (
+	"context"
+
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/testbed"
+)
+
+var (
+	// Servers in the Internet namespace. The config lists nonMasqV4/V6 as non-masquerade.
+	internetV4 = netip.MustParseAddr("203.0.113.10")
+	internetV6 = netip.MustParseAddr("2001:db8:aaaa::10")
+	nonMasqV4  = netip.MustParseAddr("198.51.100.10")
+	nonMasqV6  = netip.MustParseAddr("2001:db8:bbbb::10")
+	linkLocal  = netip.MustParseAddr("169.254.169.254")
+)
+
+const baseConfig = `nonMasqueradeCIDRs:
+  - 198.51.100.0/24
+  - 2001:db8:bbbb::/48
+resyncInterval: 1s
+`
+
+type backend struct {
+	name, flag, iptablesMode string
+}
+
+var backends = []backend{
+	{"nftables", "nftables", ""},
+	{"iptables-nft", "iptables", "nft"},
+	{"iptables-legacy", "iptables", "legacy"},
+}
+
+// scene is one simulated cluster: the local node with a pod, the Internet, and node-2 with a
+// pod, all described to the agent by manifests.
+type scene struct {
+	t        *testing.T
+	sim      *simnode.Sim
+	inet     *testbed.Internet
+	pod      *testbed.Pod
+	remote   *testbed.Pod
+	cfgPath  string
+	localPod *corev1.Pod
+	nodes    map[string]*corev1.Node
+	remoteCR []string
+}
+
+func newScene(t *testing.T) *scene {
+	t.Helper()
+	simnode.RequireKernel(t)
+	sim, err := simnode.New(simnode.Options{Bed: testbed.Config{IPv4: true, IPv6: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &scene{t: t, sim: sim, nodes: map[string]*corev1.Node{}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", lastLines(sim.Log(), 80))
+			out, _ := exec.Command("ip", "netns", "exec", sim.Bed.NodeNetNSName(), "sh", "-c",
+				"nft list ruleset; iptables-nft-save -t nat; iptables-legacy-save -t nat; ip6tables-nft-save -t nat; ipset list").CombinedOutput()
+			t.Logf("kernel:\n%s", lastLines(string(out), 120))
+		}
+		if s.inet != nil {
+			s.inet.Close()
+		}
+		if err := sim.Close(); err != nil {
+			t.Errorf("closing test bed: %v", err)
+		}
+	})
+	if s.inet, err = sim.Bed.AddInternet(internetV4, internetV6, nonMasqV4, nonMasqV6, linkLocal); err != nil {
+		t.Fatal(err)
+	}
+	obj, tp, err := sim.AddPod("default", "client", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.pod, s.localPod = tp, obj
+	n2, err := sim.Bed.AddNode("node-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.remote, err = n2.AddPod("default", "server"); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := s.remote.StartWhoAmI(s.inet.Port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	cfg := sim.Bed.Config()
+	s.nodes[sim.NodeName] = nodeObject(sim.NodeName, cfg.PodCIDRv4.String(), cfg.PodCIDRv6.String())
+	s.remoteCR = []string{n2.PodCIDRv4.String(), n2.PodCIDRv6.String()}
+	s.nodes["node-2"] = nodeObject("node-2", s.remoteCR...)
+	s.cfgPath = filepath.Join(t.TempDir(), "masq", "config")
+	if err := os.MkdirAll(filepath.Dir(s.cfgPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s.writeConfig(baseConfig)
+	s.writeState()
+	return s
+}
+
+func nodeObject(name string, cidrs ...string) *corev1.Node {
+	return &corev1.Node{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.NodeSpec{PodCIDRs: cidrs}}
+}
+
+func (s *scene) writeState() {
+	s.t.Helper()
+	objs := []runtime.Object{simnode.Namespace("default", nil), s.localPod}
+	for _, name := range []string{s.sim.NodeName, "node-2"} {
+		if n := s.nodes[name]; n != nil {
+			objs = append(objs, n)
+		}
+	}
+	if err := s.sim.SetState(objs...); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// writeConfig replaces the config file the way a ConfigMap update does: a new file renamed
+// into place.
+func (s *scene) writeConfig(content string) {
+	s.t.Helper()
+	tmp := s.cfgPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, s.cfgPath); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// seen returns the source address a whoami server at dst sees for a new connection from the
+// client pod.
+func (s *scene) seen(dst netip.Addr) (netip.Addr, error) {
+	return s.pod.SourceSeenBy(context.Background(), netip.AddrPortFrom(dst, s.inet.Port))
+}
+
+// expect waits until a new connection to dst is seen from want (rules take effect for new
+// connections once the agent has applied them).
+func (s *scene) expect(step string, dst, want netip.Addr) {
+	s.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	var got netip.Addr
+	var err error
+	for time.Now().Before(deadline) {
+		if got, err = s.seen(dst); err == nil && got == want {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.t.Fatalf("%s: connection to %s seen from %v (err %v), want %s", step, dst, got, err, want)
+}
+
+// expectNow checks a result that must already hold, and still hold: no waiting for a change.
+func (s *scene) expectNow(step string, dst, want netip.Addr) {
+	s.t.Helper()
+	for range 3 {
+		got, err := s.seen(dst)
+		if err != nil || got != want {
+			s.t.Fatalf("%s: connection to %s seen from %v (err %v), want %s", step, dst, got, err, want)
+		}
+	}
+}
+
+func (s *scene) podIP(fam int) netip.Addr { return s.pod.IP(fam) }
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func waitLog(t *testing.T, sim *simnode.Sim, what string, timeout time.Duration, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		log := sim.Log()
+		ok := true
+		for _, w := range want {
+			ok = ok && strings.Contains(log, w)
+		}
+		if ok {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("agent never logged %s (%q)", what, want)
+}
+
+// TestMasquerade runs every masquerade behaviour on each backend, with packets.
+func TestMasquerade(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			// Sequential: the iptables variant is chosen through the environment.
+			t.Setenv("NETWARDEN_IPTABLES_MODE", be.iptablesMode)
+			testMasquerade(t, be)
+		})
+	}
+}
+
+func testMasquerade(t *testing.T, be backend) {
+	s := newScene(t)
+	sim := s.sim
+	nodeV4, nodeV6 := s.inet.NodeIPs[0], s.inet.NodeIPs[1]
+	if err := sim.StartAgent("--backend", be.flag, "--network-policy=false", "--masq-config", s.cfgPath); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, sim, "ready", 20*time.Second, "msg=ready")
+	pid := sim.AgentPID()
+
+	// Out of the cluster: the node's address. To a listed CIDR and to a pod on another node
+	// (whose range only its Node object names): the pod's own.
+	s.expectNow("pod to the Internet", internetV4, nodeV4)
+	s.expectNow("pod to the Internet over IPv6", internetV6, nodeV6)
+	s.expectNow("pod to a non-masquerade CIDR", nonMasqV4, s.podIP(4))
+	s.expectNow("pod to a non-masquerade CIDR over IPv6", nonMasqV6, s.podIP(6))
+	s.expectNow("pod to a pod on node-2", s.remote.IP(4), s.podIP(4))
+	s.expectNow("pod to a pod on node-2 over IPv6", s.remote.IP(6), s.podIP(6))
+	s.expectNow("pod to link-local (masqLinkLocal false)", linkLocal, s.podIP(4))
+
+	// A live config edit flips the results without a restart.
+	s.writeConfig("nonMasqueradeCIDRs: [2001:db8:bbbb::/48]\nmasqLinkLocal: true\nresyncInterval: 1s\n")
+	s.expect("198.51.100.0/24 removed from the config", nonMasqV4, nodeV4)
+	s.expectNow("link-local with masqLinkLocal true", linkLocal, nodeV4)
+	s.expectNow("IPv6 non-masquerade CIDR still listed", nonMasqV6, s.podIP(6))
+
+	// An invalid config keeps the previous behaviour, and the error names field and value.
+	s.writeConfig("nonMasqueradeCIDRs: [198.51.100.1/24]\nmasqLinkLocal: false\n")
+	waitLog(t, sim, "the invalid config error", 10*time.Second, "invalid masquerade config", "nonMasqueradeCIDRs[0]", `198.51.100.1/24`, "not network-aligned")
+	time.Sleep(200 * time.Millisecond)
+	s.expectNow("after an invalid config, link-local", linkLocal, nodeV4)
+	s.expectNow("after an invalid config, the removed CIDR", nonMasqV4, nodeV4)
+	s.writeConfig(baseConfig)
+	s.expect("config fixed", nonMasqV4, s.podIP(4))
+	s.expectNow("config fixed, link-local", linkLocal, s.podIP(4))
+
+	// Node podCIDRs follow Node delete and add.
+	delete(s.nodes, "node-2")
+	s.writeState()
+	s.expect("node-2 deleted: its pods are outside the cluster", s.remote.IP(4), sim.Bed.LocalNode().UnderlayIP(4))
+	s.expect("node-2 deleted, IPv6", s.remote.IP(6), sim.Bed.LocalNode().UnderlayIP(6))
+	s.nodes["node-2"] = nodeObject("node-2", s.remoteCR...)
+	s.writeState()
+	s.expect("node-2 back", s.remote.IP(4), s.podIP(4))
+	s.expect("node-2 back, IPv6", s.remote.IP(6), s.podIP(6))
+
+	// Source matching: only this node's podCIDRs are masqueraded. A Node update that moves
+	// them elsewhere leaves the pod's address alone.
+	s.nodes[sim.NodeName] = nodeObject(sim.NodeName, "10.99.0.0/24", "fd00:99::/64")
+	s.writeState()
+	s.expect("pod outside the local podCIDRs", internetV4, s.podIP(4))
+	s.expect("pod outside the local podCIDRs, IPv6", internetV6, s.podIP(6))
+	cfg := sim.Bed.Config()
+	s.nodes[sim.NodeName] = nodeObject(sim.NodeName, cfg.PodCIDRv4.String(), cfg.PodCIDRv6.String())
+	s.writeState()
+	s.expect("local podCIDRs restored", internetV4, nodeV4)
+
+	// Someone removes our rules: the next resync (1 s) restores them.
+	breakRules(t, sim, be)
+	s.expect("rules removed by someone else, then repaired", internetV4, nodeV4)
+	s.expect("repaired, IPv6", internetV6, nodeV6)
+	waitLog(t, sim, "the repair", 5*time.Second, "restoring masquerade rules")
+	if got := sim.AgentPID(); got != pid {
+		t.Fatalf("the agent restarted (pid %d, then %d)", pid, got)
+	}
+
+	// Stopped, the agent leaves the rules; cleanup removes them all.
+	if err := sim.StopAgent(); err != nil {
+		t.Fatalf("agent exit: %v", err)
+	}
+	s.expectNow("agent stopped, rules stay", internetV4, nodeV4)
+	if out, err := sim.RunAgent(context.Background(), "cleanup"); err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out)
+	}
+	s.expectNow("after cleanup nothing is masqueraded", internetV4, s.podIP(4))
+	s.expectNow("after cleanup nothing is masqueraded, IPv6", internetV6, s.podIP(6))
+	if left := leftovers(t, sim); left != "" {
+		t.Fatalf("cleanup left:\n%s", left)
+	}
+}
+
+func nodeExec(t *testing.T, sim *simnode.Sim, cmd string) string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", sim.Bed.NodeNetNSName(), "sh", "-c", cmd).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", cmd, err, out)
+	}
+	return string(out)
+}
+
+// breakRules removes the masquerade rules as an operator might: the nftables table deleted, or
+// the iptables chain flushed and its jump deleted.
+func breakRules(t *testing.T, sim *simnode.Sim, be backend) {
+	t.Helper()
+	switch be.flag {
+	case "nftables":
+		nodeExec(t, sim, "nft delete table inet netwarden-masq")
+	default:
+		for _, tool := range []string{"iptables-" + be.iptablesMode, "ip6tables-" + be.iptablesMode} {
+			nodeExec(t, sim, tool+` -t nat -D POSTROUTING -m comment --comment "netwarden masquerade" -m addrtype ! --dst-type LOCAL -j NETWARDEN-MASQ && `+tool+" -t nat -F NETWARDEN-MASQ")
+		}
+	}
+	// Established flows keep their translation; the check above uses new connections.
+}
+
+func leftovers(t *testing.T, sim *simnode.Sim) string {
+	t.Helper()
+	var left []string
+	out := nodeExec(t, sim, "nft list tables; iptables-nft-save -t nat; ip6tables-nft-save -t nat; iptables-legacy-save -t nat; ip6tables-legacy-save -t nat; ipset list -n")
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "netwarden") || strings.Contains(line, "NETWARDEN") || strings.Contains(line, "nwmasq") {
+			left = append(left, line)
+		}
+	}
+	return strings.Join(left, "\n")
+}
