@@ -64,7 +64,9 @@ var errNoChain = errors.New("no such chain")
 func (s *IPTStore) listChain(ctx context.Context, fam xtables.Family, chain string) ([]string, error) {
 	out, err := s.r.Run(ctx, fam, "-t", s.layout.Table, "-S", chain)
 	if err != nil {
-		if strings.Contains(err.Error(), "No chain/target/match") || strings.Contains(err.Error(), "does not exist") {
+		// iptables-nft 1.8.9 calls a missing chain "incompatible"; setup then creates it, and a
+		// chain that really is incompatible fails the retry that follows.
+		if msg := err.Error(); strings.Contains(msg, "No chain/target/match") || strings.Contains(msg, "does not exist") || strings.Contains(msg, "is incompatible") {
 			return nil, errNoChain
 		}
 		return nil, err
