@@ -1,6 +1,7 @@
 package masquerade
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -174,4 +175,50 @@ func rangeStrings(rs []Range) string {
 		s = append(s, r.String())
 	}
 	return strings.Join(s, ",")
+}
+
+// TestConfigFileWatchConfigMapUpdate updates the file the way the kubelet updates a mounted
+// ConfigMap: the data lives in a timestamped directory, "..data" points to it, and the file is a
+// symlink through "..data"; an update swaps "..data" by rename.
+func TestConfigFileWatchConfigMapUpdate(t *testing.T) {
+	dir := t.TempDir()
+	write := func(version, content string) {
+		t.Helper()
+		ts := filepath.Join(dir, "..v"+version)
+		if err := os.Mkdir(ts, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ts, "config"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink("..v"+version, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("1", "nonMasqueradeCIDRs: [198.51.100.0/24]\n")
+	if err := os.Symlink("..data/config", filepath.Join(dir, "config")); err != nil {
+		t.Fatal(err)
+	}
+	cf := NewConfigFile(filepath.Join(dir, "config"), false, nil)
+	if _, err := cf.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	notified := make(chan struct{}, 10)
+	go cf.Watch(ctx, func() { notified <- struct{}{} })
+	time.Sleep(100 * time.Millisecond) // the watch is set up
+	write("2", "nonMasqueradeCIDRs: [203.0.113.0/24]\n")
+	select {
+	case <-notified:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no reload after the ConfigMap update")
+	}
+	if c, _, err := cf.Current(); err != nil || prefixStrings(c.NonMasqueradeCIDRs) != "203.0.113.0/24" {
+		t.Fatalf("after the update: %v %v", prefixStrings(c.NonMasqueradeCIDRs), err)
+	}
 }

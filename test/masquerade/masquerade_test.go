@@ -334,3 +334,63 @@ func leftovers(t *testing.T, sim *simnode.Sim) string {
 	}
 	return strings.Join(left, "\n")
 }
+
+// TestMasqueradeCommands covers render, bad flags and files, and turning the feature off.
+func TestMasqueradeCommands(t *testing.T) {
+	s := newScene(t)
+	sim := s.sim
+	ctx := context.Background()
+	nodeArgs := []string{"--manifests", sim.Dir, "--node-name", sim.NodeName, "--network-policy=false", "--masq-config", s.cfgPath}
+
+	out, err := sim.RunAgent(ctx, append([]string{"render"}, nodeArgs...)...)
+	if err != nil {
+		t.Fatalf("render: %v\n%s", err, out)
+	}
+	for _, want := range []string{"add table inet netwarden-masq", "masquerade fully-random",
+		"masq-src-v4 { 10.244.0.0/24 }", "nomasq-dst-v4 { 10.244.0.0/23 }", // node-2's podCIDR merged with ours
+		"198.51.100.0/24", "169.254.0.0/16", "fe80::/10"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("nftables render lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = sim.RunAgent(ctx, append([]string{"render", "--backend", "iptables", "--random-fully=false"}, nodeArgs...)...)
+	if err != nil {
+		t.Fatalf("render --backend iptables: %v\n%s", err, out)
+	}
+	for _, want := range []string{":NETWARDEN-MASQ - [0:0]", "-A NETWARDEN-MASQ -j MASQUERADE\n", "add nwmasq-src-v4-tmp 10.244.0.0/24", "-j NETWARDEN-MASQ"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("iptables render lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "random-fully") {
+		t.Errorf("--random-fully=false rendered random-fully:\n%s", out)
+	}
+
+	// Bad input names what is wrong and where, and applies nothing.
+	s.writeConfig("nonMasqueradeCIDRs: [198.51.100.0/24]\nresyncInterval: 60\n")
+	out, err = sim.RunAgent(ctx, append([]string{"render"}, nodeArgs...)...)
+	if err == nil || !strings.Contains(out, s.cfgPath) || !strings.Contains(out, "resyncInterval") {
+		t.Errorf("render with an invalid config: err %v, output:\n%s", err, out)
+	}
+	s.writeConfig(baseConfig)
+	out, err = sim.RunAgent(ctx, "agent", "--once", "--manifests", sim.Dir, "--no-masquerade-cidr", "10.1.2.3/16")
+	if err == nil || !strings.Contains(out, "--no-masquerade-cidr") || !strings.Contains(out, "not network-aligned") {
+		t.Errorf("agent with a misaligned --no-masquerade-cidr: err %v, output:\n%s", err, out)
+	}
+	if strings.Contains(nodeExec(t, sim, "nft list tables"), "netwarden-masq") {
+		t.Error("a rejected flag still installed rules")
+	}
+
+	// --once applies and verifies; --masquerade=false removes what an earlier run left.
+	if out, err := sim.RunAgent(ctx, "agent", "--once", "--manifests", sim.Dir, "--node-name", sim.NodeName, "--network-policy=false", "--masq-config", s.cfgPath); err != nil {
+		t.Fatalf("agent --once: %v\n%s", err, out)
+	}
+	s.expectNow("after agent --once", internetV4, s.inet.NodeIPs[0])
+	if out, err := sim.RunAgent(ctx, "agent", "--once", "--manifests", sim.Dir, "--node-name", sim.NodeName, "--network-policy=false", "--masquerade=false"); err != nil {
+		t.Fatalf("agent --once --masquerade=false: %v\n%s", err, out)
+	}
+	s.expectNow("after --masquerade=false", internetV4, s.podIP(4))
+	if left := leftovers(t, sim); left != "" {
+		t.Fatalf("--masquerade=false left:\n%s", left)
+	}
+}
