@@ -139,9 +139,13 @@ func TestBackendLifecycle(t *testing.T) {
 				if err := b.Verify(ctx); err != nil {
 					t.Fatalf("verify after full sync: %v", err)
 				}
-				// Adding a CIDR adjacent to an existing one merges them: the kernel gets the
-				// merged range, and verification sees exactly it.
-				d2 := desiredWith("198.51.100.0/24", "198.51.101.0/24", "2001:db8::/32", "203.0.113.0/24")
+				// CIDRs adjacent to an existing one merge with it: the kernel gets the merged
+				// range (here not a prefix: 198.51.100.0-198.51.102.255), and verification sees
+				// exactly it.
+				d2 := desiredWith("198.51.100.0/24", "198.51.101.0/24", "198.51.102.0/24", "2001:db8::/32", "203.0.113.0/24")
+				if got := rangeStrings(d2.NoMasquerade[0]); !strings.Contains(got, "198.51.100.0-198.51.102.255") {
+					t.Fatalf("merged ranges: %s", got)
+				}
 				res, err := b.Sync(ctx, d2)
 				if err != nil || res.Full || res.Operations == 0 || res.Operations > 6 {
 					t.Fatalf("incremental sync: %+v %v", res, err)

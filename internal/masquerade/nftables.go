@@ -2,8 +2,10 @@ package masquerade
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os/exec"
 	"slices"
 	"strings"
 
@@ -170,20 +172,9 @@ func (b *NFTables) Verify(ctx context.Context) error {
 		return fmt.Errorf("chain %s was changed: %q", nftChain, strings.Join(texts, "; "))
 	}
 	for _, k := range setKinds {
-		elems, err := b.nft.ListElements(ctx, "set", nftSetName(k))
+		have, err := listRanges(ctx, nftSetName(k))
 		if err != nil {
 			return fmt.Errorf("listing set %s: %w", nftSetName(k), err)
-		}
-		var have []Range
-		for _, e := range elems {
-			if len(e.Key) != 1 {
-				return fmt.Errorf("set %s: unexpected element %v", nftSetName(k), e.Key)
-			}
-			r, err := parseRange(e.Key[0])
-			if err != nil {
-				return fmt.Errorf("set %s: %w", nftSetName(k), err)
-			}
-			have = append(have, r)
 		}
 		if got, want := normalize(have, k.family == 1), k.ranges(b.applied); !sameRanges(got, want) {
 			return fmt.Errorf("set %s holds %d ranges, want %d", nftSetName(k), len(got), len(want))
@@ -210,4 +201,80 @@ func size(d *Desired) dataplane.Size {
 		s.Elements += len(k.ranges(d))
 	}
 	return s
+}
+
+// listRanges lists an interval set's elements. knftables' ListElements does not parse ranges
+// ("a-b" elements, which merged CIDRs become), so this reads nft's JSON itself.
+func listRanges(ctx context.Context, set string) ([]Range, error) {
+	out, err := exec.CommandContext(ctx, "nft", "--json", "list", "set", "inet", NFTablesTable, set).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(string(ee.Stderr)))
+		}
+		return nil, err
+	}
+	var doc struct {
+		Nftables []struct {
+			Set *struct {
+				Elem []json.RawMessage `json:"elem"`
+			} `json:"set"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return nil, fmt.Errorf("parsing nft output: %w", err)
+	}
+	var rs []Range
+	for _, obj := range doc.Nftables {
+		if obj.Set == nil {
+			continue
+		}
+		for _, raw := range obj.Set.Elem {
+			r, err := parseJSONElement(raw)
+			if err != nil {
+				return nil, err
+			}
+			rs = append(rs, r)
+		}
+	}
+	return rs, nil
+}
+
+// parseJSONElement reads one element of nft's JSON: "addr", {"prefix": {"addr", "len"}} or
+// {"range": [first, last]}, possibly wrapped in {"elem": {"val": ...}}.
+func parseJSONElement(raw json.RawMessage) (Range, error) {
+	var addr string
+	if json.Unmarshal(raw, &addr) == nil {
+		return parseRange(addr)
+	}
+	var obj struct {
+		Prefix *struct {
+			Addr string `json:"addr"`
+			Len  int    `json:"len"`
+		} `json:"prefix"`
+		Range []json.RawMessage `json:"range"`
+		Elem  *struct {
+			Val json.RawMessage `json:"val"`
+		} `json:"elem"`
+	}
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return Range{}, fmt.Errorf("element %s: %w", raw, err)
+	}
+	switch {
+	case obj.Prefix != nil:
+		return parseRange(fmt.Sprintf("%s/%d", obj.Prefix.Addr, obj.Prefix.Len))
+	case len(obj.Range) == 2:
+		first, err := parseJSONElement(obj.Range[0])
+		if err != nil {
+			return Range{}, err
+		}
+		last, err := parseJSONElement(obj.Range[1])
+		if err != nil {
+			return Range{}, err
+		}
+		return Range{First: first.First, Last: last.Last}, nil
+	case obj.Elem != nil:
+		return parseJSONElement(obj.Elem.Val)
+	}
+	return Range{}, fmt.Errorf("element %s: not an address, prefix or range", raw)
 }
