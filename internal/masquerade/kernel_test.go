@@ -3,54 +3,23 @@ package masquerade
 import (
 	"context"
 	"fmt"
+	"github.com/netwarden/netwarden/internal/testbed"
 	"net/netip"
-	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 
-// inFreshNetNS runs fn on a thread switched into a new, empty network namespace, so the nft,
-// iptables and ipset commands (which inherit the thread's namespace) never touch the host.
+// inFreshNetNS runs fn in a new, empty network namespace (see testbed.InFreshNetNS).
 func inFreshNetNS(t testing.TB, fn func()) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("kernel test needs root, and CI must run it")
-		}
-		t.Skip("skipping: kernel test needs root")
-	}
-	for _, cmd := range []string{"nft", "iptables-nft-restore", "iptables-legacy-restore", "ipset"} {
-		if _, err := exec.LookPath(cmd); err != nil {
-			t.Fatalf("%s not installed (make deps installs it): %v", cmd, err)
-		}
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	fresh, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fresh.Close()
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic("cannot return to the original network namespace: " + err.Error())
-		}
-	}()
-	fn()
+	testbed.InFreshNetNS(t, fn, "nft", "iptables-nft-restore", "iptables-legacy-restore", "ipset")
 }
 
 type backendCase struct {

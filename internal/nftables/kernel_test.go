@@ -2,14 +2,12 @@ package nftables
 
 import (
 	"context"
-	"os"
+	"github.com/netwarden/netwarden/internal/testbed"
 	"os/exec"
-	"runtime"
 	"sort"
 	"strings"
 	"testing"
 
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,37 +17,10 @@ import (
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
-// inFreshNetNS runs fn on a thread switched into a new, empty network namespace, so nft
-// commands (which inherit the thread's namespace) never touch the host's tables.
+// inFreshNetNS runs fn in a new, empty network namespace (see testbed.InFreshNetNS).
 func inFreshNetNS(t *testing.T, fn func()) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("kernel test needs root, and CI must run it")
-		}
-		t.Skip("skipping: kernel test needs root")
-	}
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Fatalf("nft not installed (make deps installs it): %v", err)
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	fresh, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fresh.Close()
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic("cannot return to the original network namespace: " + err.Error())
-		}
-	}()
-	fn()
+	testbed.InFreshNetNS(t, fn, "nft")
 }
 
 func stateWithPods(n int) *cluster.State {
