@@ -394,3 +394,88 @@ func TestMasqueradeCommands(t *testing.T) {
 		t.Fatalf("--masquerade=false left:\n%s", left)
 	}
 }
+
+// TestMasqueradeAcrossNodes runs an agent on each of three nodes, as the DaemonSet does: pod
+// traffic between nodes keeps the pods' addresses in both directions, traffic to the Internet is
+// masqueraded, and a node added later is picked up by every agent once its Node object appears.
+func TestMasqueradeAcrossNodes(t *testing.T) {
+	s := newScene(t)
+	sim := s.sim
+	node2 := sim.Bed.Node("node-2")
+	startOn := func(n *testbed.Node) {
+		t.Helper()
+		cmd := exec.Command("ip", "netns", "exec", n.NetNSName, os.Getenv("NETWARDEN_BIN"), "agent", "--manifests", sim.Dir,
+			"--node-name", n.Name, "--health-addr", "", "--network-policy=false", "--masq-config", s.cfgPath)
+		var log strings.Builder
+		cmd.Stdout, cmd.Stderr = &log, &log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+			if t.Failed() {
+				t.Logf("agent on %s:\n%s", n.Name, lastLines(log.String(), 30))
+			}
+		})
+	}
+	startOn(node2)
+	if err := sim.StartAgent("--network-policy=false", "--masq-config", s.cfgPath); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, sim, "ready", 20*time.Second, "msg=ready")
+
+	// node-2's pod connects back to a whoami server in the node-1 pod.
+	back, err := s.pod.StartWhoAmI(s.inet.Port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer back.Close()
+	fromRemote := func(step string, dst, want netip.Addr) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		var got netip.Addr
+		var err error
+		for time.Now().Before(deadline) {
+			if got, err = s.remote.SourceSeenBy(context.Background(), netip.AddrPortFrom(dst, s.inet.Port)); err == nil && got == want {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("%s: connection to %s seen from %v (err %v), want %s", step, dst, got, err, want)
+	}
+	s.expect("node-1 pod to node-2 pod", s.remote.IP(4), s.podIP(4))
+	s.expectNow("node-1 pod to node-2 pod, IPv6", s.remote.IP(6), s.podIP(6))
+	fromRemote("node-2 pod to node-1 pod", s.podIP(4), s.remote.IP(4))
+	fromRemote("node-2 pod to node-1 pod, IPv6", s.podIP(6), s.remote.IP(6))
+	s.expectNow("node-1 pod to the Internet", internetV4, s.inet.NodeIPs[0])
+
+	// node-3 joins: until its Node object exists its pods are outside the cluster (the config
+	// does not list 10.0.0.0/8), then both agents keep their addresses.
+	node3, err := sim.Bed.AddNode("node-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod3, err := node3.AddPod("default", "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv3, err := pod3.StartWhoAmI(s.inet.Port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv3.Close()
+	s.expect("node-3 without a Node object", pod3.IP(4), sim.Bed.LocalNode().UnderlayIP(4))
+	fromRemote("node-2 pod to node-3 without a Node object", pod3.IP(4), node2.UnderlayIP(4))
+	s.nodes["node-3"] = nodeObject("node-3", node3.PodCIDRv4.String(), node3.PodCIDRv6.String())
+	objs := []runtime.Object{simnode.Namespace("default", nil), s.localPod}
+	for _, name := range []string{sim.NodeName, "node-2", "node-3"} {
+		objs = append(objs, s.nodes[name])
+	}
+	if err := sim.SetState(objs...); err != nil {
+		t.Fatal(err)
+	}
+	s.expect("node-3 known to node-1's agent", pod3.IP(4), s.podIP(4))
+	s.expect("node-3 known to node-1's agent, IPv6", pod3.IP(6), s.podIP(6))
+	fromRemote("node-3 known to node-2's agent", pod3.IP(4), s.remote.IP(4))
+}
