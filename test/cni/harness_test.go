@@ -96,6 +96,8 @@ type node struct {
 	t        *testing.T
 	backend  string
 	ns, ext  ns.NetNS
+	// sandbox is the CNI_NETNS of attachments made by execPlugin (skel refuses the plugin's own).
+	sandbox ns.NetNS
 	cfg      *libcni.CNIConfig
 	cacheDir string
 	list     *libcni.NetworkConfigList
@@ -141,7 +143,7 @@ func shErr(n ns.NetNS, args ...string) (string, error) {
 // into the netwarden-portmap config.
 func newNode(t *testing.T, backend string, extra map[string]any) *node {
 	t.Helper()
-	n := &node{t: t, backend: backend, ns: newNS(t), ext: newNS(t)}
+	n := &node{t: t, backend: backend, ns: newNS(t), ext: newNS(t), sandbox: newNS(t)}
 	for _, c := range [][]string{
 		{"ip", "link", "set", "lo", "up"},
 		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
@@ -427,7 +429,7 @@ func hostPort(ip string, port int) string { return net.JoinHostPort(ip, fmt.Spri
 func (n *node) execPlugin(plugin, command, containerID string, conf []byte) (types.Result, error) {
 	var res types.Result
 	err := n.inNode(func() error {
-		args := &invoke.Args{Command: command, ContainerID: containerID, NetNS: "/proc/self/ns/net", IfName: "eth0", Path: pluginDir}
+		args := &invoke.Args{Command: command, ContainerID: containerID, NetNS: n.sandbox.Path(), IfName: "eth0", Path: pluginDir}
 		var err error
 		if command == "ADD" {
 			res, err = invoke.ExecPluginWithResult(context.Background(), filepath.Join(pluginDir, plugin), conf, args, nil)
