@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/netwarden/netwarden/internal/cluster"
@@ -26,6 +28,7 @@ func Run(out io.Writer, agentBin, examplesDir string) error {
 	start := time.Now()
 	clusterFile := filepath.Join(examplesDir, "cluster.yaml")
 	policiesFile := filepath.Join(examplesDir, "policies.yaml")
+	masqFile := filepath.Join(examplesDir, "masq-config.yaml")
 	st, errs := loadFile(clusterFile)
 	if len(errs) > 0 {
 		return fmt.Errorf("%s: %v", clusterFile, errs)
@@ -60,17 +63,34 @@ func Run(out io.Writer, agentBin, examplesDir string) error {
 		objs = append(objs, obj)
 		fmt.Fprintf(out, "  pod %-22s %s\n", k, joinAddrs(tp))
 	}
+	// This node's Node object, with the pod CIDRs the pods' addresses come from, as the
+	// cluster's IPAM would have set them: masquerade exempts pod-to-pod traffic by them.
+	node := &corev1.Node{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: metav1.ObjectMeta{Name: sim.NodeName}}
+	for _, p := range []netip.Prefix{sim.Bed.Config().PodCIDRv4, sim.Bed.Config().PodCIDRv6} {
+		node.Spec.PodCIDRs = append(node.Spec.PodCIDRs, p.String())
+	}
+	objs = append(objs, node)
+	fmt.Fprintf(out, "  node %-21s podCIDRs %s\n", sim.NodeName, strings.Join(node.Spec.PodCIDRs, ", "))
+	inet, err := sim.Bed.AddInternet(internetServers...)
+	if err != nil {
+		return fmt.Errorf("creating the Internet namespace: %w", err)
+	}
+	defer inet.Close()
+	fmt.Fprintf(out, "  the Internet (default route of the node): servers on %s\n", joinIPs(internetServers))
 	if err := sim.SetState(objs...); err != nil {
 		return err
 	}
 	before := sim.Syncs()
-	if err := sim.StartAgent(); err != nil {
+	if err := sim.StartAgent("--masq-config", masqFile); err != nil {
 		return err
 	}
 	if err := sim.WaitSyncs(before, 20*time.Second); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\nAgent running: netwarden agent --manifests %s\n", sim.Dir)
+	fmt.Fprintf(out, "\nAgent running: netwarden agent --manifests %s --masq-config %s\n", sim.Dir, masqFile)
+	if err := printMasquerade(out, inet, tpods); err != nil {
+		return err
+	}
 	printMatrices(out, sim, pods, tpods, "Before any NetworkPolicy: every pod reaches every pod")
 
 	policies, err := os.ReadFile(policiesFile)
@@ -95,12 +115,79 @@ func Run(out io.Writer, agentBin, examplesDir string) error {
 	table, _ := sim.Nft("list", "table", "inet", "netwarden")
 	fmt.Fprintf(out, "\nThe kernel now holds table inet netwarden: %d chains, %d lines of rules and sets.\n",
 		strings.Count(table, "\tchain "), strings.Count(table, "\n"))
-	fmt.Fprintln(out, "`netwarden render --manifests DIR --node-name NAME` prints such a ruleset without touching the kernel.")
+	masq, _ := sim.Nft("list", "table", "inet", "netwarden-masq")
+	fmt.Fprintf(out, "Masquerade lives in its own table, inet netwarden-masq: %d rules, whatever the number of CIDRs.\n", countRules(masq))
+	fmt.Fprintln(out, "`netwarden render --manifests DIR --node-name NAME` prints these rulesets without touching the kernel.")
 	if err := sim.StopAgent(); err != nil {
 		return fmt.Errorf("agent exit: %w", err)
 	}
 	fmt.Fprintf(out, "\nCleaned up. Demo took %.1fs.\n", time.Since(start).Seconds())
 	return nil
+}
+
+// internetServers are the demo's servers outside the cluster, on documentation addresses.
+var internetServers = []netip.Addr{netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("2001:db8:aaaa::10")}
+
+// printMasquerade shows what a server sees as the source of a new connection from each pod:
+// outside the cluster the node's address, from another pod the pod's own.
+func printMasquerade(out io.Writer, inet *testbed.Internet, tpods []*testbed.Pod) error {
+	if len(tpods) < 2 {
+		return nil
+	}
+	peer := tpods[0]
+	srv, err := peer.StartWhoAmI(inet.Port)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	fmt.Fprintf(out, "\nMasquerade: the source address a server sees for a new connection from each pod\n")
+	fmt.Fprintf(out, "  %-24s %-34s %s\n", "from", "to the Internet", "to pod "+peer.String())
+	for _, tp := range tpods[1:] {
+		var internet, pod []string
+		for _, dst := range internetServers {
+			internet = append(internet, seenBy(tp, netip.AddrPortFrom(dst, inet.Port)))
+		}
+		for _, dst := range peer.IPs() {
+			pod = append(pod, seenBy(tp, netip.AddrPortFrom(dst, inet.Port)))
+		}
+		fmt.Fprintf(out, "  %-24s %-34s %s\n", tp.String(), strings.Join(internet, ", "), strings.Join(pod, ", "))
+	}
+	fmt.Fprintf(out, "  The node's addresses towards the Internet are %s; pods keep theirs inside the cluster.\n", joinIPs(inet.NodeIPs))
+	return nil
+}
+
+// countRules counts the rules in nft's listing of a table: the lines of its chains after the
+// hook declaration.
+func countRules(listing string) int {
+	n, inChain := 0, false
+	for _, line := range strings.Split(listing, "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "chain "):
+			inChain = true
+		case line == "}":
+			inChain = false
+		case inChain && line != "" && !strings.HasPrefix(line, "type "):
+			n++
+		}
+	}
+	return n
+}
+
+func seenBy(tp *testbed.Pod, dst netip.AddrPort) string {
+	ip, err := tp.SourceSeenBy(context.Background(), dst)
+	if err != nil {
+		return "unreachable"
+	}
+	return ip.String()
+}
+
+func joinIPs(ips []netip.Addr) string {
+	var s []string
+	for _, ip := range ips {
+		s = append(s, ip.String())
+	}
+	return strings.Join(s, ", ")
 }
 
 func loadFile(path string) (*cluster.State, []error) {
