@@ -85,6 +85,9 @@ func Dump(r *Rendered) string {
 	sb.WriteString("# kernel names and the Ruleset objects they stand for\n")
 	for _, k := range sortedKeys(r.Sources) {
 		fmt.Fprintf(&sb, "#   %s = %s\n", k, r.Sources[k])
+		if pols, ok := r.GroupPolicies[k]; ok {
+			fmt.Fprintf(&sb, "#     holding the rules of %s\n", strings.Join(pols, ", "))
+		}
 	}
 	sb.WriteString("# ipset restore\n")
 	for _, name := range sortedKeys(r.Sets) {
@@ -161,7 +164,8 @@ func (b *Backend) applyPlan(ctx context.Context, p *plan, want *Rendered) error 
 // FullSyncRendered replaces everything we own with want, whatever the kernel held: every set
 // is created or refilled through a swap, each family's chains are rewritten in one restore,
 // the hook jumps are made to be the first rule of their built-in chains, and chains and sets
-// an earlier run left are removed. Other components' rules are never touched.
+// an earlier run left are removed, in the other iptables variant too. Other components' rules
+// are never touched.
 func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
 	res := dataplane.SyncResult{Full: true}
 	if want.err != nil {
@@ -217,6 +221,17 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 		}
 		for _, n := range names {
 			res.Operations += 1 + len(want.Chains[fam][n])
+		}
+	}
+	// A run with the other variant (say, before iptables-nft was installed) left chains there
+	// that would still judge packets; they go before the sets they use.
+	other := xtables.ModeLegacy
+	if b.run.Mode == xtables.ModeLegacy {
+		other = xtables.ModeNFT
+	}
+	if r, err := xtables.NewRunner(ctx, other); err == nil {
+		if err := CleanupRules(ctx, r); err != nil {
+			return res, fmt.Errorf("iptables full sync: removing iptables-%s rules of an earlier run: %w", other, err)
 		}
 	}
 	var post bytes.Buffer

@@ -3,14 +3,11 @@ package iptables
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"runtime"
 	"sort"
 	"strings"
 	"testing"
 
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,44 +15,17 @@ import (
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/testbed"
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 var modes = []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy}
 
-// inFreshNetNS runs fn on a thread switched into a new, empty network namespace, so iptables
-// and ipset commands (which inherit the thread's namespace) never touch the host.
+// inFreshNetNS runs fn in a new, empty network namespace, so iptables and ipset commands
+// never touch the host.
 func inFreshNetNS(t *testing.T, fn func()) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("kernel test needs root, and CI must run it")
-		}
-		t.Skip("skipping: kernel test needs root")
-	}
-	for _, c := range []string{"ipset", "iptables-nft-restore", "iptables-legacy-restore"} {
-		if _, err := exec.LookPath(c); err != nil {
-			t.Fatalf("%s not installed (make deps installs it): %v", c, err)
-		}
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	fresh, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fresh.Close()
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic("cannot return to the original network namespace: " + err.Error())
-		}
-	}()
-	fn()
+	testbed.InFreshNetNS(t, fn, "ipset", "iptables-nft-restore", "iptables-legacy-restore", "ip6tables-nft-restore", "ip6tables-legacy-restore")
 }
 
 func run(t *testing.T, name string, args ...string) string {
@@ -292,4 +262,39 @@ func TestKernelSyncVerifyCleanup(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestKernelSwitchVariant: an agent that ran with one iptables variant and restarts with the
+// other removes the first one's chains, which would otherwise keep judging packets, and
+// reuses the sets.
+func TestKernelSwitchVariant(t *testing.T) {
+	inFreshNetNS(t, func() {
+		ctx := context.Background()
+		rs, _ := policy.Compile(stateWithPods(2), "n1")
+		legacy, err := New(ctx, xtables.ModeLegacy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := legacy.FullSync(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		nft, err := New(ctx, xtables.ModeNFT)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nft.FullSync(ctx, rs); err != nil {
+			t.Fatalf("full sync over the other variant's state: %v", err)
+		}
+		if err := nft.Verify(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+			if out := run(t, cmd, "-t", "filter"); strings.Contains(out, ChainPrefix) {
+				t.Fatalf("%s still holds our rules:\n%s", cmd, out)
+			}
+		}
+		if err := nft.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

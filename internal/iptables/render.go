@@ -137,7 +137,9 @@ type Rendered struct {
 	// Sources maps every hashed kernel name to the Ruleset name it stands for, for render
 	// output and for the collision check.
 	Sources map[string]string
-	err     error
+	// GroupPolicies lists, per group chain, the policies whose rules it holds.
+	GroupPolicies map[string][]string
+	err           error
 }
 
 func (r *Rendered) size() dataplane.Size {
@@ -200,7 +202,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	if rd.prev.addrSets == nil {
 		rd.prev = newRenderCache()
 	}
-	r := &Rendered{Sets: map[string]*ipset{}, Sources: map[string]string{}}
+	r := &Rendered{Sets: map[string]*ipset{}, Sources: map[string]string{}, GroupPolicies: map[string][]string{}}
 	for fam := range r.Chains {
 		r.Chains[fam] = map[string][]string{}
 	}
@@ -268,6 +270,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 				rules = append(rules, lines[fam]...)
 			}
 			r.Chains[fam][chain] = append(rules, "-j DROP")
+			r.GroupPolicies[chain] = g.Policies
 		}
 	}
 	// Policy rules name their sets through the hash of the Ruleset name; record the sources
