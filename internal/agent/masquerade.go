@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 
+	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/masquerade"
 )
@@ -35,6 +37,8 @@ type masqLoop struct {
 	// warnedNoSources avoids repeating the same warning on every Node event.
 	warnedNoSources bool
 	metrics         *masqMetrics
+	// lastEvent is when the oldest unprocessed change was seen, for programming latency.
+	lastEvent atomic.Int64
 }
 
 type masqMetrics struct {
@@ -44,6 +48,7 @@ type masqMetrics struct {
 	configValid  prometheus.Gauge
 	driftRepairs prometheus.Counter
 	ranges       *prometheus.GaugeVec
+	latency      prometheus.Histogram
 }
 
 func newMasqLoop(a *Agent, cfg *Masquerade) *masqLoop {
@@ -68,18 +73,23 @@ func newMasqLoop(a *Agent, cfg *Masquerade) *masqLoop {
 			Name: "netwarden_masquerade_drift_repairs_total",
 			Help: "Times the masquerade rules were found changed by someone else and restored.",
 		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "netwarden_masquerade_programming_latency_seconds", Buckets: latencyBuckets,
+			Help: "Time from a Node or config change being seen to the kernel holding the masquerade rules for it.",
+		}),
 		ranges: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "netwarden_masquerade_ranges",
 			Help: "Address ranges in the masquerade sets, by set (sources, non-masquerade destinations) and family.",
 		}, []string{"set", "family"}),
 	}
-	a.metrics.registry.MustRegister(m.syncDuration, m.syncErrors, m.configErrors, m.configValid, m.driftRepairs, m.ranges)
+	a.metrics.registry.MustRegister(m.syncDuration, m.syncErrors, m.configErrors, m.configValid, m.driftRepairs, m.ranges, m.latency)
 	a.metrics.backendInfo.WithLabelValues("masquerade", cfg.Backend.Name()).Set(1)
 	m.syncErrors.WithLabelValues(cfg.Backend.Name())
 	return &masqLoop{a: a, cfg: cfg, trigger: make(chan struct{}, 1), metrics: m}
 }
 
 func (l *masqLoop) notify() {
+	l.lastEvent.CompareAndSwap(0, time.Now().UnixNano())
 	select {
 	case l.trigger <- struct{}{}:
 	default:
@@ -97,8 +107,13 @@ func (l *masqLoop) desired() (*masquerade.Desired, masquerade.Config, error) {
 	if !ok {
 		return nil, cfg, fmt.Errorf("no valid masquerade config yet: %w", err)
 	}
-	st := l.a.cfg.Source.Snapshot()
-	if !l.cfg.Options.AllSources && len(masquerade.LocalPodCIDRs(st.Nodes, l.a.cfg.NodeName)) == 0 {
+	var nodes map[string]*corev1.Node
+	if nl, ok := l.a.cfg.Source.(cluster.NodeLister); ok {
+		nodes = nl.Nodes()
+	} else {
+		nodes = l.a.cfg.Source.Snapshot().Nodes
+	}
+	if !l.cfg.Options.AllSources && len(masquerade.LocalPodCIDRs(nodes, l.a.cfg.NodeName)) == 0 {
 		if !l.warnedNoSources {
 			l.a.log.Warn("this node has no podCIDRs (no Node object, or spec.podCIDRs empty): nothing is masqueraded until it has; use --masquerade-all-sources for pod networks that do not use them",
 				"node", l.a.cfg.NodeName)
@@ -107,7 +122,7 @@ func (l *masqLoop) desired() (*masquerade.Desired, masquerade.Config, error) {
 	} else {
 		l.warnedNoSources = false
 	}
-	return masquerade.Compute(cfg, l.cfg.Options, st.Nodes, l.a.cfg.NodeName), cfg, nil
+	return masquerade.Compute(cfg, l.cfg.Options, nodes, l.a.cfg.NodeName), cfg, nil
 }
 
 func (l *masqLoop) once(ctx context.Context) error {
@@ -189,7 +204,8 @@ func (l *masqLoop) run(ctx context.Context) error {
 			}
 			return err
 		case <-l.trigger:
-			time.Sleep(l.a.cfg.MinSyncInterval)
+			// No coalescing delay: computing from the Nodes is cheap, and a sync whose outcome
+			// equals the last one sends nothing.
 			pending = true
 		case <-retry.C:
 			pending = true
@@ -209,6 +225,7 @@ func (l *masqLoop) run(ctx context.Context) error {
 var errNoConfig = errors.New("no valid masquerade config")
 
 func (l *masqLoop) sync(ctx context.Context, full bool) error {
+	seen := l.lastEvent.Swap(0)
 	start := time.Now()
 	d, _, err := l.desired()
 	if err != nil {
@@ -225,9 +242,13 @@ func (l *masqLoop) sync(ctx context.Context, full bool) error {
 		res, err = l.cfg.Backend.Sync(ctx, d)
 	}
 	if err != nil {
+		l.lastEvent.CompareAndSwap(0, seen)
 		return err
 	}
 	l.applied = d
+	if seen != 0 {
+		l.metrics.latency.Observe(time.Since(time.Unix(0, seen)).Seconds())
+	}
 	kind := "partial"
 	if res.Full {
 		kind = "full"
@@ -240,6 +261,9 @@ func (l *masqLoop) sync(ctx context.Context, full bool) error {
 	attrs := []any{"backend", l.cfg.Backend.Name(), "full", res.Full, "operations", res.Operations,
 		"apply", time.Since(start).Round(time.Microsecond),
 		"sources", describeRanges(d.Sources), "nonMasqueradeRanges", len(d.NoMasquerade[0]) + len(d.NoMasquerade[1])}
+	if seen != 0 {
+		attrs = append(attrs, "sinceEvent", time.Since(time.Unix(0, seen)).Round(time.Microsecond))
+	}
 	if res.Fallback != "" {
 		attrs = append(attrs, "fallbackReason", res.Fallback)
 	}

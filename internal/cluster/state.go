@@ -46,6 +46,13 @@ type Source interface {
 	Snapshot() *State
 }
 
+// NodeLister is implemented by sources that can hand out the Nodes alone, much more cheaply
+// than a whole Snapshot: the masquerade loop, which reads only Nodes, runs on every event.
+type NodeLister interface {
+	// Nodes returns the current valid Nodes by name. The result is never mutated afterwards.
+	Nodes() map[string]*corev1.Node
+}
+
 // Clone returns a new State sharing every object with s, as a source's next snapshot does.
 func (s *State) Clone() *State {
 	out := &State{

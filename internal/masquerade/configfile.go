@@ -101,10 +101,12 @@ func (c *ConfigFile) Watch(ctx context.Context, notify func()) error {
 		return fmt.Errorf("watching masquerade config directory %s: %w", dir, err)
 	}
 	// A change between the first load and the watch starting would otherwise be missed.
-	c.reloadAndNotify(notify)
-	// Events come in bursts (write, chmod, rename); one reload after a short quiet time
-	// reads the finished file.
-	var debounce <-chan time.Time
+	c.reloadAndNotify(notify, true)
+	// Every event reloads at once, so a change applies within milliseconds; reading an
+	// unchanged file costs a read and a compare. A file that does not parse may be half
+	// written by an editor that writes in place, so it is reported only once the directory
+	// has been quiet for a moment and it still does not parse.
+	var quiet <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -113,26 +115,33 @@ func (c *ConfigFile) Watch(ctx context.Context, notify func()) error {
 			if !ok {
 				return errors.New("masquerade config watcher closed")
 			}
-			debounce = time.After(20 * time.Millisecond)
+			if !c.reloadAndNotify(notify, false) {
+				quiet = time.After(50 * time.Millisecond)
+			}
 		case err, ok := <-w.Errors:
 			if !ok {
 				return errors.New("masquerade config watcher closed")
 			}
 			c.log.Warn("masquerade config watch error; reloading", "err", err)
-			debounce = time.After(20 * time.Millisecond)
-		case <-debounce:
-			debounce = nil
-			c.reloadAndNotify(notify)
+			quiet = time.After(50 * time.Millisecond)
+		case <-quiet:
+			quiet = nil
+			c.reloadAndNotify(notify, true)
 		}
 	}
 }
 
-func (c *ConfigFile) reloadAndNotify(notify func()) {
+// reloadAndNotify reloads the file and calls notify when the config in effect changed, or when
+// the file is invalid and report is set (the error is logged then too). It reports whether the
+// file parsed.
+func (c *ConfigFile) reloadAndNotify(notify func(), report bool) bool {
 	changed, err := c.Reload()
-	if err != nil {
+	if err != nil && report {
 		c.log.Error("invalid masquerade config; the last good rules stay in effect", "err", err)
-	}
-	if changed || err != nil {
 		notify()
 	}
+	if changed {
+		notify()
+	}
+	return err == nil
 }

@@ -205,6 +205,16 @@ func (s *Source) Snapshot() *cluster.State {
 	return st
 }
 
+// Nodes implements cluster.NodeLister.
+func (s *Source) Nodes() map[string]*corev1.Node {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]*corev1.Node{}
+	nodes, _ := s.nodes.List(labels.Everything())
+	s.nodeOK = collect(s, "Node", nodes, s.nodeOK, cluster.ValidateNode, out)
+	return out
+}
+
 // collect puts the valid objects of list into out and returns the validation verdicts of the
 // objects in list, reusing those of prev.
 func collect[T any, PT interface {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 )
@@ -66,6 +67,9 @@ func (s *Source) HasSynced() bool { return s.synced.Load() }
 // Snapshot returns the current state. Before the first load it is empty. The returned state and its
 // objects are never modified.
 func (s *Source) Snapshot() *cluster.State { return s.state.Load() }
+
+// Nodes implements cluster.NodeLister.
+func (s *Source) Nodes() map[string]*corev1.Node { return s.state.Load().Nodes }
 
 // Errors returns the problems found by the most recent (re)load.
 func (s *Source) Errors() []error {
