@@ -33,8 +33,10 @@ demo: deps build
 	$(BIN)/netwarden-demo --agent $(CURDIR)/$(BIN)/netwarden --examples $(CURDIR)/examples
 
 # Kernel benchmarks need root. Each reports its figures as custom metrics (ms, conn/s, MiB).
+# The benchmarks against a real kube-apiserver find it through KUBE_BIN_DIR, as the tests do.
 bench: deps build
-	NETWARDEN_BIN=$(CURDIR)/$(BIN)/netwarden $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./internal/... ./test/... | tee bench.out
+	@kubebin=$$(hack/kube-binaries.sh) && \
+	NETWARDEN_BIN=$(CURDIR)/$(BIN)/netwarden KUBE_BIN_DIR=$$kubebin $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./internal/... ./test/... | tee bench.out
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -1,0 +1,111 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/netwarden/netwarden/internal/kubetest"
+	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/testbed"
+)
+
+// BenchmarkMasqueradeAgent runs the real agent against a real kube-apiserver with 1,000
+// non-masquerade CIDRs in its config, and reports, from the change to the agent's log line
+// that follows the kernel transaction: a config file edit (one CIDR added, the file replaced
+// as a ConfigMap update does) and a Node created through the API (its podCIDR outside every
+// configured range).
+func BenchmarkMasqueradeAgent(b *testing.B) {
+	requireRoot(b)
+	srv := kubetest.Start(b, kubetest.Options{})
+	client := srv.AdminClient(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	sim, err := simnode.New(simnode.Options{Bed: testbed.Config{IPv4: true, IPv6: true, TCPPorts: []uint16{}, UDPPorts: []uint16{}, SCTPPorts: []uint16{}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sim.Close()
+	if err := sim.ForwardFromNode(strings.TrimPrefix(srv.URL, "https://")); err != nil {
+		b.Fatal(err)
+	}
+	cfg := sim.Bed.Config()
+	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: sim.NodeName},
+		Spec: corev1.NodeSpec{PodCIDRs: []string{cfg.PodCIDRv4.String(), cfg.PodCIDRv6.String()}}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	cidrs := make([]string, 0, 1001)
+	for i := range 1000 {
+		cidrs = append(cidrs, fmt.Sprintf("100.%d.%d.0/24", 64+i/128, 2*(i%128)))
+	}
+	path := filepath.Join(b.TempDir(), "config")
+	writeConfig := func(cidrs []string) {
+		b.Helper()
+		data := "cidrLimit: 2000\nnonMasqueradeCIDRs:\n  - " + strings.Join(cidrs, "\n  - ") + "\n"
+		if err := os.WriteFile(path+".tmp", []byte(data), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			b.Fatal(err)
+		}
+	}
+	writeConfig(cidrs)
+
+	synced := func() int { return strings.Count(sim.Log(), `msg="masquerade synced"`) }
+	waitSynced := func(before int, t0 time.Time, what string) time.Duration {
+		b.Helper()
+		for synced() <= before {
+			if time.Since(t0) > 30*time.Second {
+				b.Fatalf("%s not applied:\n%s", what, sim.Log())
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		return time.Since(t0)
+	}
+	var configChange, nodeAdd []time.Duration
+	for b.Loop() {
+		if err := sim.StartAgentArgs("--kubeconfig", srv.Kubeconfig(b, ""), "--log-level", "info", "--network-policy=false", "--masq-config", path); err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		for !strings.Contains(sim.Log(), "msg=ready") {
+			if time.Since(start) > time.Minute {
+				b.Fatalf("agent not ready:\n%s", sim.Log())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		for i := range 20 {
+			before := synced()
+			t0 := time.Now()
+			writeConfig(append(slices.Clone(cidrs), fmt.Sprintf("198.18.%d.0/24", 2*i)))
+			configChange = append(configChange, waitSynced(before, t0, "config change"))
+
+			before = synced()
+			t0 = time.Now()
+			name := fmt.Sprintf("bench-node-%d-%d", len(nodeAdd), i)
+			if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: corev1.NodeSpec{PodCIDRs: []string{fmt.Sprintf("172.30.%d.0/24", len(nodeAdd)), fmt.Sprintf("fd00:30:%x::/64", len(nodeAdd))}}}, metav1.CreateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			nodeAdd = append(nodeAdd, waitSynced(before, t0, "node add"))
+		}
+		if err := sim.StopAgent(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	sortDurations(configChange)
+	sortDurations(nodeAdd)
+	b.ReportMetric(ms(configChange[len(configChange)/2]), "config-change-p50-ms")
+	b.ReportMetric(ms(configChange[len(configChange)-1]), "config-change-max-ms")
+	b.ReportMetric(ms(nodeAdd[len(nodeAdd)/2]), "node-add-p50-ms")
+	b.ReportMetric(ms(nodeAdd[len(nodeAdd)-1]), "node-add-max-ms")
+}
