@@ -47,6 +47,12 @@ func NewIPTStore(ctx context.Context, layout IPTLayout, mode string) (*IPTStore,
 	return &IPTStore{layout: layout, r: r}, nil
 }
 
+// newIPTStoreUnchecked skips NewRunner's check of the variant's commands, for a configured or
+// previously detected variant; a missing command then fails the operation itself.
+func newIPTStoreUnchecked(layout IPTLayout, mode xtables.Mode) *IPTStore {
+	return &IPTStore{layout: layout, r: &xtables.Runner{Mode: mode}}
+}
+
 func (s *IPTStore) Backend() string { return "iptables-" + string(s.r.Mode) }
 
 func (s *IPTStore) Status(ctx context.Context) error {

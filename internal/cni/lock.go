@@ -14,10 +14,7 @@ const LockDir = "/run/netwarden"
 // Lock takes an exclusive flock for one plugin, so that concurrent invocations on a node apply
 // their read-modify-write transactions one at a time. The lock goes away with the process.
 func Lock(plugin string) (unlock func(), err error) {
-	dir := os.Getenv("NETWARDEN_CNI_LOCK_DIR")
-	if dir == "" {
-		dir = LockDir
-	}
+	dir := lockDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("lock directory: %w", err)
 	}
@@ -37,4 +34,11 @@ func Lock(plugin string) (unlock func(), err error) {
 		return nil, fmt.Errorf("flock %s: %w", path, err)
 	}
 	return func() { f.Close() }, nil
+}
+
+func lockDir() string {
+	if dir := os.Getenv("NETWARDEN_CNI_LOCK_DIR"); dir != "" {
+		return dir
+	}
+	return LockDir
 }

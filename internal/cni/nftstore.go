@@ -1,11 +1,9 @@
 package cni
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 
 	"sigs.k8s.io/knftables"
@@ -35,28 +33,40 @@ type NFTLayout struct {
 // name, so DEL finds its rules by listing one short bucket.
 type NFTStore struct {
 	layout NFTLayout
-	nft    knftables.Interface
+	nft    *nftExec
 }
 
-// NewNFTStore returns a store for layout, or an error when nft cannot be used here.
+// NewNFTStore returns a store for layout, after checking that nft (>= 1.0.1, as knftables
+// requires) works in this network namespace.
 func NewNFTStore(layout NFTLayout) (*NFTStore, error) {
-	nft, err := knftables.New(knftables.InetFamily, layout.Table)
-	if err != nil {
+	if _, err := knftables.New(knftables.InetFamily, layout.Table); err != nil {
 		return nil, err
 	}
-	return &NFTStore{layout: layout, nft: nft}, nil
+	return newNFTStoreUnchecked(layout), nil
+}
+
+// newNFTStoreUnchecked skips the check, for a netns where it passed before.
+func newNFTStoreUnchecked(layout NFTLayout) *NFTStore {
+	return &NFTStore{layout: layout, nft: newNFTExec(layout.Table)}
 }
 
 func (s *NFTStore) Backend() string { return "nftables" }
 
 func (s *NFTStore) Status(ctx context.Context) error {
-	tx := s.nft.NewTransaction()
+	if _, err := knftables.New(knftables.InetFamily, s.layout.Table); err != nil {
+		return err
+	}
+	tx := s.nft.tx()
 	tx.Add(&knftables.Table{})
-	return s.nft.Check(ctx, tx)
+	_, err := s.nft.nft(ctx, tx.String(), "--check", "-f", "-")
+	return err
 }
 
 func (s *NFTStore) setup(ctx context.Context) error {
-	tx := s.nft.NewTransaction()
+	if _, err := knftables.New(knftables.InetFamily, s.layout.Table); err != nil {
+		return fmt.Errorf("nftables unusable: %w", err)
+	}
+	tx := s.nft.tx()
 	tx.Add(&knftables.Table{})
 	for _, g := range s.layout.Groups {
 		d := dispatchChain(g)
@@ -74,7 +84,7 @@ func (s *NFTStore) setup(ctx context.Context) error {
 			tx.Add(&knftables.Rule{Chain: bc.Name, Rule: r})
 		}
 	}
-	if err := s.nft.Run(ctx, tx); err != nil {
+	if err := s.nft.run(ctx, tx); err != nil {
 		return fmt.Errorf("nftables: create table %s: %w", s.layout.Table, err)
 	}
 	return nil
@@ -82,7 +92,7 @@ func (s *NFTStore) setup(ctx context.Context) error {
 
 func (s *NFTStore) addTx(d Desired) *knftables.Transaction {
 	id := d.Att.ID()
-	tx := s.nft.NewTransaction()
+	tx := s.nft.tx()
 	for _, c := range d.Chains {
 		name := attChain(c.Group, id)
 		tx.Create(&knftables.Chain{Name: name})
@@ -98,20 +108,20 @@ func (s *NFTStore) addTx(d Desired) *knftables.Transaction {
 }
 
 func (s *NFTStore) Add(ctx context.Context, d Desired) error {
-	err := s.nft.Run(ctx, s.addTx(d))
-	if knftables.IsNotFound(err) {
+	err := s.nft.run(ctx, s.addTx(d))
+	if errors.Is(err, errNFTNotFound) {
 		// First use on this node (or someone removed our table): build it, then retry.
 		if err := s.setup(ctx); err != nil {
 			return err
 		}
-		err = s.nft.Run(ctx, s.addTx(d))
+		err = s.nft.run(ctx, s.addTx(d))
 	}
-	if knftables.IsAlreadyExists(err) {
+	if errors.Is(err, errNFTExists) {
 		// A repeated ADD of the same attachment replaces its rules.
 		if err := s.Del(ctx, d.Att); err != nil {
 			return err
 		}
-		err = s.nft.Run(ctx, s.addTx(d))
+		err = s.nft.run(ctx, s.addTx(d))
 	}
 	if err != nil {
 		return fmt.Errorf("nftables: add rules of %s: %w", d.Att, err)
@@ -120,16 +130,16 @@ func (s *NFTStore) Add(ctx context.Context, d Desired) error {
 }
 
 // jumpsTo lists the bucket rules that jump to chain name.
-func (s *NFTStore) jumpsTo(ctx context.Context, group, id string) ([]*knftables.Rule, error) {
+func (s *NFTStore) jumpsTo(ctx context.Context, group, id string) ([]nftRule, error) {
 	bucket := bucketChain(group, BucketOf(id))
-	rules, err := s.nft.ListRules(ctx, bucket)
+	rules, err := s.nft.listRules(ctx, bucket)
 	if err != nil {
 		return nil, err
 	}
 	name := attChain(group, id)
-	var out []*knftables.Rule
+	var out []nftRule
 	for _, r := range rules {
-		if r.Comment != nil && *r.Comment == name {
+		if r.Comment == name {
 			out = append(out, r)
 		}
 	}
@@ -141,11 +151,11 @@ func (s *NFTStore) Del(ctx context.Context, att Attachment) error {
 }
 
 func (s *NFTStore) delID(ctx context.Context, id string) error {
-	tx := s.nft.NewTransaction()
+	tx := s.nft.tx()
 	var orphans []string
 	for _, g := range s.layout.Groups {
 		jumps, err := s.jumpsTo(ctx, g, id)
-		if knftables.IsNotFound(err) {
+		if errors.Is(err, errNFTNotFound) {
 			continue // no table or bucket: nothing of ours can be there
 		}
 		if err != nil {
@@ -157,65 +167,32 @@ func (s *NFTStore) delID(ctx context.Context, id string) error {
 			continue
 		}
 		for _, r := range jumps {
-			tx.Delete(&knftables.Rule{Chain: r.Chain, Handle: r.Handle})
+			tx.Delete(&knftables.Rule{Chain: r.Chain, Handle: knftables.PtrTo(r.Handle)})
 		}
 		tx.Flush(&knftables.Chain{Name: name})
 		tx.Delete(&knftables.Chain{Name: name})
 	}
 	if tx.NumOperations() > 0 {
-		if err := s.nft.Run(ctx, tx); err != nil {
+		if err := s.nft.run(ctx, tx); err != nil {
 			return fmt.Errorf("nftables: delete rules of attachment %s: %w", id, err)
 		}
 	}
 	// A chain nobody jumps to is normally absent; if a crash or a hand edit left it, remove it.
 	for _, name := range orphans {
-		tx := s.nft.NewTransaction()
+		tx := s.nft.tx()
 		tx.Flush(&knftables.Chain{Name: name})
 		tx.Delete(&knftables.Chain{Name: name})
-		if err := s.nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
+		if err := s.nft.run(ctx, tx); err != nil && !errors.Is(err, errNFTNotFound) {
 			return fmt.Errorf("nftables: delete chain %s: %w", name, err)
 		}
 	}
 	return nil
 }
 
-// chainRules returns the rules of one chain as nft prints them, one per line, or an error
-// satisfying knftables.IsNotFound when the chain does not exist.
-func (s *NFTStore) chainRules(ctx context.Context, name string) ([]string, error) {
-	cmd := exec.CommandContext(ctx, "nft", "list", "chain", "inet", s.layout.Table, name)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if strings.Contains(msg, "No such file or directory") {
-			return nil, notFound{name}
-		}
-		return nil, fmt.Errorf("nft list chain %s: %s", name, msg)
-	}
-	var rules []string
-	depth := 0
-	for _, line := range strings.Split(stdout.String(), "\n") {
-		line = strings.TrimSpace(line)
-		switch {
-		case strings.HasSuffix(line, "{"):
-			depth++
-		case line == "}":
-			depth--
-		case depth == 2 && line != "" && !strings.HasPrefix(line, "type "):
-			rules = append(rules, line)
-		}
-	}
-	return rules, nil
-}
-
-type notFound struct{ what string }
-
-func (e notFound) Error() string { return e.what + " does not exist" }
-
 func (s *NFTStore) Check(ctx context.Context, d Desired) error {
 	var errs []error
 	for _, bc := range s.layout.Base {
-		have, err := s.chainRules(ctx, bc.Name)
+		have, err := s.nft.chainText(ctx, bc.Name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("nftables: table %s chain %s: %w", s.layout.Table, bc.Name, err))
 			continue
@@ -225,7 +202,7 @@ func (s *NFTStore) Check(ctx context.Context, d Desired) error {
 		}
 	}
 	for _, g := range s.layout.Groups {
-		have, err := s.chainRules(ctx, dispatchChain(g))
+		have, err := s.nft.chainText(ctx, dispatchChain(g))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("nftables: %w", err))
 			continue
@@ -249,7 +226,7 @@ func (s *NFTStore) Check(ctx context.Context, d Desired) error {
 		if len(jumps) != len(c.Jumps) {
 			errs = append(errs, fmt.Errorf("nftables: %s: %d jump rules to %s, want %d", d.Att, len(jumps), name, len(c.Jumps)))
 		}
-		have, err := s.chainRules(ctx, name)
+		have, err := s.nft.chainText(ctx, name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("nftables: %s: %w", d.Att, err))
 			continue
@@ -262,8 +239,8 @@ func (s *NFTStore) Check(ctx context.Context, d Desired) error {
 }
 
 func (s *NFTStore) GC(ctx context.Context, network string, valid map[string]bool) error {
-	chains, err := s.nft.List(ctx, "chains")
-	if knftables.IsNotFound(err) {
+	chains, err := s.nft.listChains(ctx)
+	if errors.Is(err, errNFTNotFound) {
 		return nil
 	}
 	if err != nil {
@@ -287,8 +264,8 @@ func (s *NFTStore) GC(ctx context.Context, network string, valid map[string]bool
 
 // Rules lists every attachment chain of the table with its rules, for tests and diagnostics.
 func (s *NFTStore) Rules(ctx context.Context) (map[string][]string, error) {
-	chains, err := s.nft.List(ctx, "chains")
-	if knftables.IsNotFound(err) {
+	chains, err := s.nft.listChains(ctx)
+	if errors.Is(err, errNFTNotFound) {
 		return map[string][]string{}, nil
 	}
 	if err != nil {
@@ -298,7 +275,7 @@ func (s *NFTStore) Rules(ctx context.Context) (map[string][]string, error) {
 	for _, name := range chains {
 		for _, g := range s.layout.Groups {
 			if attIDOf(g, name) != "" {
-				if out[name], err = s.chainRules(ctx, name); err != nil {
+				if out[name], err = s.nft.chainText(ctx, name); err != nil {
 					return nil, err
 				}
 			}

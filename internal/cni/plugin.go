@@ -6,12 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // Timeout bounds one invocation; the lock wait is part of it.
@@ -100,31 +105,73 @@ func ParseConf(stdin []byte) (NetConf, *current.Result, error) {
 	return conf, res, nil
 }
 
-// OpenStore returns the store for the configured backend, choosing as the agent does when it is
-// empty. kind is "nftables" or "iptables".
-func OpenStore(ctx context.Context, p Plugin, backend string) (store Store, kind string, err error) {
+// OpenStore returns the store for the configured backend. When it is empty it chooses as the
+// agent does, nftables when nft works here, else iptables (iptables-nft, then legacy), and
+// remembers the choice for this network namespace so that later invocations do not pay for the
+// probe. STATUS always probes.
+func OpenStore(ctx context.Context, p Plugin, backend string, probe bool) (store Store, kind string, err error) {
+	unavailable := func(err error) error { return types.NewError(types.ErrPluginNotAvailable, err.Error(), "") }
 	switch backend {
-	case "", "nftables":
-		s, nerr := NewNFTStore(p.NFTLayout())
-		if nerr == nil {
+	case "nftables":
+		if probe {
+			s, err := NewNFTStore(p.NFTLayout())
+			if err != nil {
+				return nil, "", unavailable(fmt.Errorf("backend nftables: %w", err))
+			}
 			return s, "nftables", nil
 		}
-		if backend == "nftables" {
-			return nil, "", types.NewError(types.ErrPluginNotAvailable, "backend nftables: "+nerr.Error(), "")
+		return newNFTStoreUnchecked(p.NFTLayout()), "nftables", nil
+	case "iptables-nft", "iptables-legacy":
+		mode := xtables.Mode(strings.TrimPrefix(backend, "iptables-"))
+		if probe {
+			s, err := NewIPTStore(ctx, p.IPTLayout(), string(mode))
+			if err != nil {
+				return nil, "", unavailable(fmt.Errorf("backend %s: %w", backend, err))
+			}
+			return s, "iptables", nil
 		}
-		s2, ierr := NewIPTStore(ctx, p.IPTLayout(), "")
-		if ierr != nil {
-			return nil, "", types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("no usable backend: nftables: %v; iptables: %v", nerr, ierr), "")
-		}
-		return s2, "iptables", nil
-	default:
-		mode := map[string]string{"iptables": "", "iptables-nft": "nft", "iptables-legacy": "legacy"}[backend]
-		s, err := NewIPTStore(ctx, p.IPTLayout(), mode)
+		return newIPTStoreUnchecked(p.IPTLayout(), mode), "iptables", nil
+	case "iptables":
+		s, err := NewIPTStore(ctx, p.IPTLayout(), "")
 		if err != nil {
-			return nil, "", types.NewError(types.ErrPluginNotAvailable, "backend "+backend+": "+err.Error(), "")
+			return nil, "", unavailable(fmt.Errorf("backend iptables: %w", err))
 		}
 		return s, "iptables", nil
 	}
+	cache := choiceFile(p.Name())
+	if !probe && cache != "" {
+		if b, err := os.ReadFile(cache); err == nil {
+			if chosen := strings.TrimSpace(string(b)); chosen != "" && chosen != backend {
+				return OpenStore(ctx, p, chosen, false)
+			}
+		}
+	}
+	var chosen string
+	if s, nerr := NewNFTStore(p.NFTLayout()); nerr == nil {
+		store, kind, chosen = s, "nftables", "nftables"
+	} else if s, ierr := NewIPTStore(ctx, p.IPTLayout(), ""); ierr == nil {
+		store, kind, chosen = s, "iptables", s.Backend()
+	} else {
+		return nil, "", unavailable(fmt.Errorf("no usable backend: nftables: %v; iptables: %v", nerr, ierr))
+	}
+	if cache != "" {
+		_ = os.WriteFile(cache, []byte(chosen+"\n"), 0o644)
+	}
+	return store, kind, nil
+}
+
+// choiceFile is where the automatic backend choice for this network namespace is remembered,
+// or "" if the namespace cannot be identified.
+func choiceFile(plugin string) string {
+	fi, err := os.Stat("/proc/self/ns/net")
+	if err != nil {
+		return ""
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return ""
+	}
+	return filepath.Join(lockDir(), fmt.Sprintf("%s.backend.%d-%d", plugin, st.Dev, st.Ino))
 }
 
 // Invoke runs one verb.
@@ -148,7 +195,7 @@ func Invoke(p Plugin, cmd string, args *skel.CmdArgs) error {
 		return types.NewError(types.ErrIOFailure, err.Error(), "")
 	}
 	defer unlock()
-	store, kind, err := OpenStore(ctx, p, conf.Backend)
+	store, kind, err := OpenStore(ctx, p, conf.Backend, cmd == "STATUS")
 	if err != nil {
 		return err
 	}

@@ -93,17 +93,17 @@ const (
 
 // node is a node netns with a CNI configuration, linked by a veth to an external netns.
 type node struct {
-	t        *testing.T
-	backend  string
-	ns, ext  ns.NetNS
+	t       testing.TB
+	backend string
+	ns, ext ns.NetNS
 	// sandbox is the CNI_NETNS of attachments made by execPlugin (skel refuses the plugin's own).
-	sandbox ns.NetNS
+	sandbox  ns.NetNS
 	cfg      *libcni.CNIConfig
 	cacheDir string
 	list     *libcni.NetworkConfigList
 }
 
-func newNS(t *testing.T) ns.NetNS {
+func newNS(t testing.TB) ns.NetNS {
 	t.Helper()
 	n, err := testutils.NewNS()
 	if err != nil {
@@ -143,10 +143,9 @@ func shErr(n ns.NetNS, args ...string) (string, error) {
 // into the netwarden-portmap config.
 func newNode(t *testing.T, backend string, extra map[string]any) *node {
 	t.Helper()
-	n := &node{t: t, backend: backend, ns: newNS(t), ext: newNS(t), sandbox: newNS(t)}
+	n := newBareNode(t, backend)
+	n.ext = newNS(t)
 	for _, c := range [][]string{
-		{"ip", "link", "set", "lo", "up"},
-		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
 		{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
 		{"sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"},
 		{"ip", "link", "add", "ext0", "type", "veth", "peer", "name", "node0", "netns", nsName(n.ext)},
@@ -209,6 +208,19 @@ func newNode(t *testing.T, backend string, extra map[string]any) *node {
 			t.Logf("rules in the node at failure:\n%s", compact(n.dumpRules()))
 		}
 	})
+	return n
+}
+
+// newBareNode is a node netns with forwarding on and nothing else, for execPlugin.
+func newBareNode(t testing.TB, backend string) *node {
+	t.Helper()
+	n := &node{t: t, backend: backend, ns: newNS(t), sandbox: newNS(t)}
+	for _, c := range [][]string{
+		{"ip", "link", "set", "lo", "up"},
+		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
+	} {
+		sh(t, n.ns, c...)
+	}
 	return n
 }
 
@@ -326,7 +338,7 @@ func (n *node) natRules() []string {
 // serve starts TCP and UDP servers on port, for each family, in netns. Each answers with its
 // name and the source address it saw. (Listening per family, because Go's probe for dual-stack
 // sockets depends on the netns it first runs in.)
-func serve(t *testing.T, n ns.NetNS, name string, port int) {
+func serve(t testing.TB, n ns.NetNS, name string, port int) {
 	t.Helper()
 	for _, fam := range []string{"4", "6"} {
 		var tl net.Listener
@@ -396,7 +408,7 @@ func dial(from ns.NetNS, proto, addr string) (string, error) {
 
 // expectReply asserts that addr answers from netns with the server name (and, if seen is not
 // empty, the source address it saw). A busy machine may drop a packet, so it tries three times.
-func expectReply(t *testing.T, from ns.NetNS, fromName, proto, addr, server, seen string) {
+func expectReply(t testing.TB, from ns.NetNS, fromName, proto, addr, server, seen string) {
 	t.Helper()
 	var got string
 	var err error
@@ -415,7 +427,7 @@ func expectReply(t *testing.T, from ns.NetNS, fromName, proto, addr, server, see
 }
 
 // expectNoReply asserts that addr does not answer.
-func expectNoReply(t *testing.T, from ns.NetNS, fromName, proto, addr string) {
+func expectNoReply(t testing.TB, from ns.NetNS, fromName, proto, addr string) {
 	t.Helper()
 	if got, err := dial(from, proto, addr); err == nil {
 		t.Errorf("%s -> %s %s: answered %q, want no answer", fromName, proto, addr, got)

@@ -1,0 +1,145 @@
+package cni
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+)
+
+// nftExec runs nft for one inet table. It builds transactions with knftables but runs them
+// itself: knftables.New probes nft with two extra processes, which would be most of the cost
+// of a steady-state ADD; the probe runs once, when the table is created (see NFTStore.setup).
+type nftExec struct {
+	table string
+	tmpl  *knftables.Fake
+}
+
+var (
+	errNFTNotFound = errors.New("no such object")
+	errNFTExists   = errors.New("object exists")
+)
+
+func newNFTExec(table string) *nftExec {
+	return &nftExec{table: table, tmpl: knftables.NewFake(knftables.InetFamily, table)}
+}
+
+func (e *nftExec) tx() *knftables.Transaction { return e.tmpl.NewTransaction() }
+
+func (e *nftExec) nft(ctx context.Context, stdin string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, "nft", args...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = err.Error()
+		}
+		switch {
+		case strings.Contains(msg, "No such file or directory"):
+			return nil, fmt.Errorf("nft %s: %w: %s", strings.Join(args, " "), errNFTNotFound, msg)
+		case strings.Contains(msg, "File exists"):
+			return nil, fmt.Errorf("nft %s: %w: %s", strings.Join(args, " "), errNFTExists, msg)
+		}
+		return nil, fmt.Errorf("nft %s: %s", strings.Join(args, " "), msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// run applies tx as one nft transaction.
+func (e *nftExec) run(ctx context.Context, tx *knftables.Transaction) error {
+	_, err := e.nft(ctx, tx.String(), "-f", "-")
+	return err
+}
+
+type nftRule struct {
+	Chain   string
+	Handle  int
+	Comment string
+}
+
+// listRules lists the rules of one chain with their handles and comments.
+func (e *nftExec) listRules(ctx context.Context, chain string) ([]nftRule, error) {
+	out, err := e.nft(ctx, "", "-j", "list", "chain", "inet", e.table, chain)
+	if err != nil {
+		return nil, err
+	}
+	var doc struct {
+		Nftables []struct {
+			Rule *struct {
+				Chain   string `json:"chain"`
+				Handle  int    `json:"handle"`
+				Comment string `json:"comment"`
+			} `json:"rule"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return nil, fmt.Errorf("nft -j list chain %s: %w", chain, err)
+	}
+	var rules []nftRule
+	for _, o := range doc.Nftables {
+		if o.Rule != nil {
+			rules = append(rules, nftRule{Chain: o.Rule.Chain, Handle: o.Rule.Handle, Comment: o.Rule.Comment})
+		}
+	}
+	return rules, nil
+}
+
+// listChains lists the chain names of the table.
+func (e *nftExec) listChains(ctx context.Context) ([]string, error) {
+	out, err := e.nft(ctx, "", "-j", "list", "chains", "inet")
+	if err != nil {
+		return nil, err
+	}
+	var doc struct {
+		Nftables []struct {
+			Chain *struct {
+				Table string `json:"table"`
+				Name  string `json:"name"`
+			} `json:"chain"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return nil, fmt.Errorf("nft -j list chains: %w", err)
+	}
+	var names []string
+	for _, o := range doc.Nftables {
+		if o.Chain != nil && o.Chain.Table == e.table {
+			names = append(names, o.Chain.Name)
+		}
+	}
+	return names, nil
+}
+
+// chainText returns the rules of one chain as nft prints them, one per line.
+func (e *nftExec) chainText(ctx context.Context, name string) ([]string, error) {
+	out, err := e.nft(ctx, "", "list", "chain", "inet", e.table, name)
+	if errors.Is(err, errNFTNotFound) {
+		return nil, fmt.Errorf("chain %s does not exist: %w", name, errNFTNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var rules []string
+	depth := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasSuffix(line, "{"):
+			depth++
+		case line == "}":
+			depth--
+		case depth == 2 && line != "" && !strings.HasPrefix(line, "type "):
+			rules = append(rules, line)
+		}
+	}
+	return rules, nil
+}
