@@ -66,33 +66,6 @@ type nftRule struct {
 	Comment string
 }
 
-// listRules lists the rules of one chain with their handles and comments.
-func (e *nftExec) listRules(ctx context.Context, chain string) ([]nftRule, error) {
-	out, err := e.nft(ctx, "", "-j", "list", "chain", "inet", e.table, chain)
-	if err != nil {
-		return nil, err
-	}
-	var doc struct {
-		Nftables []struct {
-			Rule *struct {
-				Chain   string `json:"chain"`
-				Handle  int    `json:"handle"`
-				Comment string `json:"comment"`
-			} `json:"rule"`
-		} `json:"nftables"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return nil, fmt.Errorf("nft -j list chain %s: %w", chain, err)
-	}
-	var rules []nftRule
-	for _, o := range doc.Nftables {
-		if o.Rule != nil {
-			rules = append(rules, nftRule{Chain: o.Rule.Chain, Handle: o.Rule.Handle, Comment: o.Rule.Comment})
-		}
-	}
-	return rules, nil
-}
-
 // listChains lists the chain names of the table.
 func (e *nftExec) listChains(ctx context.Context) ([]string, error) {
 	out, err := e.nft(ctx, "", "-j", "list", "chains", "inet")

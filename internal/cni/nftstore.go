@@ -129,10 +129,9 @@ func (s *NFTStore) Add(ctx context.Context, d Desired) error {
 	return nil
 }
 
-// jumpsTo lists the bucket rules that jump to chain name.
-func (s *NFTStore) jumpsTo(ctx context.Context, group, id string) ([]nftRule, error) {
-	bucket := bucketChain(group, BucketOf(id))
-	rules, err := s.nft.listRules(ctx, bucket)
+// jumpsTo lists the bucket rules that jump to the attachment's chain in group.
+func jumpsTo(nl *nftNetlink, group, id string) ([]nftRule, error) {
+	rules, err := nl.rules(bucketChain(group, BucketOf(id)))
 	if err != nil {
 		return nil, err
 	}
@@ -146,45 +145,41 @@ func (s *NFTStore) jumpsTo(ctx context.Context, group, id string) ([]nftRule, er
 	return out, nil
 }
 
-func (s *NFTStore) Del(ctx context.Context, att Attachment) error {
-	return s.delID(ctx, att.ID())
+func (s *NFTStore) Del(_ context.Context, att Attachment) error {
+	return s.delID(att.ID())
 }
 
-func (s *NFTStore) delID(ctx context.Context, id string) error {
-	tx := s.nft.tx()
-	var orphans []string
+func (s *NFTStore) delID(id string) error {
+	nl, err := newNFTNetlink(s.layout.Table)
+	if err != nil {
+		return err
+	}
 	for _, g := range s.layout.Groups {
-		jumps, err := s.jumpsTo(ctx, g, id)
+		jumps, err := jumpsTo(nl, g, id)
 		if errors.Is(err, errNFTNotFound) {
 			continue // no table or bucket: nothing of ours can be there
 		}
 		if err != nil {
-			return fmt.Errorf("nftables: list %s: %w", bucketChain(g, BucketOf(id)), err)
+			return err
 		}
 		name := attChain(g, id)
 		if len(jumps) == 0 {
-			orphans = append(orphans, name)
-			continue
+			// Normally absent; if a crash or a hand edit left the chain, remove it too.
+			exists, err := nl.chainExists(name)
+			if err != nil {
+				return err
+			}
+			if !exists {
+				continue
+			}
 		}
 		for _, r := range jumps {
-			tx.Delete(&knftables.Rule{Chain: r.Chain, Handle: knftables.PtrTo(r.Handle)})
+			nl.deleteRule(r)
 		}
-		tx.Flush(&knftables.Chain{Name: name})
-		tx.Delete(&knftables.Chain{Name: name})
+		nl.deleteChain(name)
 	}
-	if tx.NumOperations() > 0 {
-		if err := s.nft.run(ctx, tx); err != nil {
-			return fmt.Errorf("nftables: delete rules of attachment %s: %w", id, err)
-		}
-	}
-	// A chain nobody jumps to is normally absent; if a crash or a hand edit left it, remove it.
-	for _, name := range orphans {
-		tx := s.nft.tx()
-		tx.Flush(&knftables.Chain{Name: name})
-		tx.Delete(&knftables.Chain{Name: name})
-		if err := s.nft.run(ctx, tx); err != nil && !errors.Is(err, errNFTNotFound) {
-			return fmt.Errorf("nftables: delete chain %s: %w", name, err)
-		}
+	if err := nl.commit(); err != nil {
+		return fmt.Errorf("delete rules of attachment %s: %w", id, err)
 	}
 	return nil
 }
@@ -215,10 +210,14 @@ func (s *NFTStore) Check(ctx context.Context, d Desired) error {
 			errs = append(errs, err)
 		}
 	}
+	nl, err := newNFTNetlink(s.layout.Table)
+	if err != nil {
+		return err
+	}
 	id := d.Att.ID()
 	for _, c := range d.Chains {
 		name := attChain(c.Group, id)
-		jumps, err := s.jumpsTo(ctx, c.Group, id)
+		jumps, err := jumpsTo(nl, c.Group, id)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("nftables: %s: list %s: %w", d.Att, bucketChain(c.Group, BucketOf(id)), err))
 			continue
@@ -257,7 +256,7 @@ func (s *NFTStore) GC(ctx context.Context, network string, valid map[string]bool
 	}
 	var errs []error
 	for id := range stale {
-		errs = append(errs, s.delID(ctx, id))
+		errs = append(errs, s.delID(id))
 	}
 	return errors.Join(errs...)
 }

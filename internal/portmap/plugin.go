@@ -48,7 +48,7 @@ func (Plugin) AfterAdd(inv *cni.Invocation, _ *cni.Desired) error {
 			}
 		}
 	}
-	return flushUDP(cfg.Mappings)
+	return flushUDP(cfg.Mappings, families(inv))
 }
 
 func (Plugin) AfterDel(inv *cni.Invocation, _ *cni.Desired) error {
@@ -56,20 +56,40 @@ func (Plugin) AfterDel(inv *cni.Invocation, _ *cni.Desired) error {
 	if err != nil {
 		return err
 	}
-	return flushUDP(cfg.Mappings)
+	return flushUDP(cfg.Mappings, families(inv))
+}
+
+// families lists the conntrack families the container's mappings can have entries in: those of
+// its IPs, or both when DEL comes without a prevResult.
+func families(inv *cni.Invocation) []netlink.InetFamily {
+	if inv.Result == nil {
+		return []netlink.InetFamily{netlink.FAMILY_V4, netlink.FAMILY_V6}
+	}
+	var v4, v6 bool
+	for _, p := range ContainerIPs(inv.Result) {
+		v4, v6 = v4 || p.Addr().Is4(), v6 || p.Addr().Is6()
+	}
+	var out []netlink.InetFamily
+	if v4 {
+		out = append(out, netlink.FAMILY_V4)
+	}
+	if v6 {
+		out = append(out, netlink.FAMILY_V6)
+	}
+	return out
 }
 
 // flushUDP deletes conntrack entries of UDP traffic to the mapped host ports: UDP "connections"
 // that predate the change would otherwise keep their old translation (or none) until they idle
 // out, so a client that keeps sending never reaches the new container.
-func flushUDP(mappings []Mapping) error {
+func flushUDP(mappings []Mapping, fams []netlink.InetFamily) error {
 	var errs []error
-	for _, m := range mappings {
-		if m.Protocol != "udp" {
-			continue
-		}
-		for _, fam := range []netlink.InetFamily{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-			if m.HostIP.IsValid() && m.HostIP.Is4() != (fam == netlink.FAMILY_V4) {
+	for _, fam := range fams {
+		// One dump per family with every mapping's filter: a dump walks the whole conntrack
+		// table, which is shared by all network namespaces, so it is the cost that counts.
+		var filters []netlink.CustomConntrackFilter
+		for _, m := range mappings {
+			if m.Protocol != "udp" || (m.HostIP.IsValid() && m.HostIP.Is4() != (fam == netlink.FAMILY_V4)) {
 				continue
 			}
 			f := &netlink.ConntrackFilter{}
@@ -84,9 +104,13 @@ func flushUDP(mappings []Mapping) error {
 					return err
 				}
 			}
-			if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, f); err != nil {
-				errs = append(errs, fmt.Errorf("conntrack: flush UDP to port %d: %w", m.HostPort, err))
-			}
+			filters = append(filters, f)
+		}
+		if len(filters) == 0 {
+			continue
+		}
+		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, filters...); err != nil {
+			errs = append(errs, fmt.Errorf("conntrack: flush UDP to host ports: %w", err))
 		}
 	}
 	return errors.Join(errs...)
