@@ -88,14 +88,17 @@ func parseRange(s string) (Range, error) {
 	return Range{First: a, Last: a}, nil
 }
 
-// normalize merges kernel elements (which the kernel or ipset may have split differently
-// from what we sent) into the canonical form Desired uses.
-func normalize(rs []Range, ipv6 bool) []Range {
+// canonical merges ranges, adjacent ones included, into the one form of the addresses they
+// cover: the kernel (or ipset) may list what we sent split or joined differently.
+func canonical(rs []Range, ipv6 bool) []Range {
 	var ps []netip.Prefix
 	for _, r := range rs {
 		ps = append(ps, r.Prefixes()...)
 	}
-	return mergeRanges(ps, ipv6)
+	return mergeRanges(ps, ipv6, true)
 }
 
-func sameRanges(a, b []Range) bool { return slices.Equal(a, b) }
+// sameAddresses reports whether the kernel's elements cover exactly the wanted addresses.
+func sameAddresses(have, want []Range, ipv6 bool) bool {
+	return slices.Equal(canonical(have, ipv6), canonical(want, ipv6))
+}

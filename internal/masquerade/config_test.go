@@ -103,11 +103,20 @@ func TestComputeMergesAndFollowsNodes(t *testing.T) {
 		"n2": node("n2", "172.31.2.0/24", "fd00:10:244:2::/64"),
 	}
 	d := Compute(cfg, Options{RandomFully: true}, nodes, "n1")
-	if got := rangeStrings(d.NoMasquerade[0]); got != "10.0.0.0/8,169.254.0.0/16,172.31.2.0/24,198.51.100.0/24" {
+	// Overlapping and contained CIDRs merge (10.244.1.0/24 is inside 10.0.0.0/9); adjacent
+	// ones stay apart, so that adding one never deletes an element.
+	if got := rangeStrings(d.NoMasquerade[0]); got != "10.0.0.0/9,10.128.0.0/9,169.254.0.0/16,172.31.2.0/24,198.51.100.0/24" {
 		t.Errorf("IPv4 non-masquerade: %s", got)
 	}
-	if got := rangeStrings(d.NoMasquerade[1]); got != "fd00:1::/64,fd00:10:244:1::-fd00:10:244:2:ffff:ffff:ffff:ffff,fe80::/10" {
+	if got := rangeStrings(d.NoMasquerade[1]); got != "fd00:1::/64,fd00:10:244:1::/64,fd00:10:244:2::/64,fe80::/10" {
 		t.Errorf("IPv6 non-masquerade: %s", got)
+	}
+	overlapping := Compute(Config{NonMasqueradeCIDRs: mustPrefixes("10.0.0.0/16", "10.0.128.0/17", "10.0.255.0/24", "10.1.0.0/16")}, Options{}, nil, "n1")
+	if got := rangeStrings(overlapping.NoMasquerade[0]); got != "10.0.0.0/16,10.1.0.0/16,169.254.0.0/16" {
+		t.Errorf("contained CIDRs: %s", got)
+	}
+	if got := rangeStrings(canonical(d.NoMasquerade[0], false)); got != "10.0.0.0/8,169.254.0.0/16,172.31.2.0/24,198.51.100.0/24" {
+		t.Errorf("canonical form: %s", got)
 	}
 	if got := rangeStrings(d.Sources[0]) + " " + rangeStrings(d.Sources[1]); got != "10.244.1.0/24 fd00:10:244:1::/64" {
 		t.Errorf("sources: %s", got)
@@ -143,7 +152,7 @@ func TestRangePrefixes(t *testing.T) {
 			t.Errorf("%s: %s, want %s", in, got, want)
 		}
 		// Prefixes and merge are inverses.
-		if back := mergeRanges(r.Prefixes(), r.First.Is6()); len(back) != 1 || back[0] != r {
+		if back := mergeRanges(r.Prefixes(), r.First.Is6(), true); len(back) != 1 || back[0] != r {
 			t.Errorf("%s: merge of its prefixes gives %v", in, back)
 		}
 	}

@@ -23,9 +23,11 @@ type Options struct {
 	AllSources bool
 }
 
-// Desired is the complete masquerade state of one node. Sets are disjoint, sorted,
-// non-adjacent ranges, so two Desired values are equal exactly when they behave the same,
-// and a change that does not alter behaviour (a new Node inside 10.0.0.0/8) changes nothing.
+// Desired is the complete masquerade state of one node. Sets are disjoint, sorted ranges: a
+// CIDR inside another adds nothing (a new Node inside 10.0.0.0/8 changes nothing), and
+// overlapping CIDRs become one range. Adjacent ranges are kept apart on purpose: merging them
+// would turn the addition of a Node next to another into the deletion of an element, which
+// costs nf_tables an RCU grace period, for no change in behaviour.
 type Desired struct {
 	RandomFully bool
 	// Sources are the addresses whose traffic may be masqueraded; NoMasquerade the destinations
@@ -76,8 +78,8 @@ func Compute(cfg Config, opts Options, nodes map[string]*corev1.Node, nodeName s
 		sources = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
 	}
 	for fam := range 2 {
-		d.NoMasquerade[fam] = mergeRanges(noMasq, fam == 1)
-		d.Sources[fam] = mergeRanges(sources, fam == 1)
+		d.NoMasquerade[fam] = mergeRanges(noMasq, fam == 1, false)
+		d.Sources[fam] = mergeRanges(sources, fam == 1, false)
 	}
 	return d
 }
@@ -91,9 +93,10 @@ func LocalPodCIDRs(nodes map[string]*corev1.Node, nodeName string) []string {
 	return nil
 }
 
-// mergeRanges returns the union of the prefixes of one family as sorted, disjoint,
-// non-adjacent ranges.
-func mergeRanges(prefixes []netip.Prefix, ipv6 bool) []Range {
+// mergeRanges returns the union of the prefixes of one family as sorted, disjoint ranges;
+// adjacent ones are merged too when adjacent is set, which makes the result the one canonical
+// form of an address set (to compare what the kernel lists with what we sent).
+func mergeRanges(prefixes []netip.Prefix, ipv6, adjacent bool) []Range {
 	var rs []Range
 	for _, p := range prefixes {
 		if p.Addr().Is6() != ipv6 || p.Addr().Is4In6() {
@@ -106,8 +109,11 @@ func mergeRanges(prefixes []netip.Prefix, ipv6 bool) []Range {
 	for _, r := range rs {
 		if n := len(out); n > 0 {
 			last := &out[n-1]
-			// Overlapping or adjacent: extend.
-			if next := last.Last.Next(); !next.IsValid() || r.First.Compare(next) <= 0 {
+			limit := last.Last // overlapping: r starts at or before our end
+			if adjacent {
+				limit = last.Last.Next()
+			}
+			if !limit.IsValid() || r.First.Compare(limit) <= 0 {
 				if r.Last.Compare(last.Last) > 0 {
 					last.Last = r.Last
 				}

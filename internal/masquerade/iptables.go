@@ -235,8 +235,8 @@ func (b *IPTables) Verify(ctx context.Context) error {
 			}
 			have = append(have, r)
 		}
-		if got, want := normalize(have, k.family == 1), k.ranges(b.applied); !sameRanges(got, want) {
-			return fmt.Errorf("ipset %s holds %d ranges, want %d", ipsetName(k), len(got), len(want))
+		if want := k.ranges(b.applied); !sameAddresses(have, want, k.family == 1) {
+			return fmt.Errorf("ipset %s holds %d members, not the %d ranges last applied", ipsetName(k), len(have), len(want))
 		}
 	}
 	return nil

@@ -108,15 +108,23 @@ func TestBackendLifecycle(t *testing.T) {
 				if err := b.Verify(ctx); err != nil {
 					t.Fatalf("verify after full sync: %v", err)
 				}
-				// CIDRs adjacent to an existing one merge with it: the kernel gets the merged
-				// range (here not a prefix: 198.51.100.0-198.51.102.255), and verification sees
-				// exactly it.
+				// CIDRs adjacent to existing ones are added beside them (no element deleted);
+				// one that contains two others replaces them. Verification compares addresses,
+				// not how they are split.
 				d2 := desiredWith("198.51.100.0/24", "198.51.101.0/24", "198.51.102.0/24", "2001:db8::/32", "203.0.113.0/24")
-				if got := rangeStrings(d2.NoMasquerade[0]); !strings.Contains(got, "198.51.100.0-198.51.102.255") {
+				res, err := b.Sync(ctx, d2)
+				if err != nil || res.Full || res.Operations == 0 {
+					t.Fatalf("incremental sync: %+v %v", res, err)
+				}
+				if err := b.Verify(ctx); err != nil {
+					t.Fatalf("verify after incremental sync: %v", err)
+				}
+				d2 = desiredWith("198.51.100.0/24", "198.51.101.0/24", "198.51.102.0/24", "2001:db8::/32", "203.0.113.0/24",
+					"203.0.112.0/23", "198.51.100.0/23")
+				if got := rangeStrings(d2.NoMasquerade[0]); !strings.Contains(got, "198.51.100.0/23,198.51.102.0/24") || !strings.Contains(got, "203.0.112.0/23") {
 					t.Fatalf("merged ranges: %s", got)
 				}
-				res, err := b.Sync(ctx, d2)
-				if err != nil || res.Full || res.Operations == 0 || res.Operations > 6 {
+				if res, err = b.Sync(ctx, d2); err != nil || res.Full {
 					t.Fatalf("incremental sync: %+v %v", res, err)
 				}
 				if err := b.Verify(ctx); err != nil {
@@ -160,7 +168,8 @@ func TestBackendLifecycle(t *testing.T) {
 
 // BenchmarkMasqueradeChange measures one change applied to the kernel with 1,000
 // non-masquerade CIDRs loaded: a config change (one CIDR added to the file) and a Node added
-// (its podCIDR outside every configured range). Reported as p50 and p99 in ms.
+// (its podCIDR outside every configured range), then both removed again. Reported as p50 and
+// p99 in ms.
 func BenchmarkMasqueradeChange(b *testing.B) {
 	for _, bc := range backendCases() {
 		b.Run(bc.name, func(b *testing.B) {
@@ -179,7 +188,7 @@ func BenchmarkMasqueradeChange(b *testing.B) {
 					b.Fatal(err)
 				}
 				const rounds = 40
-				var configMs, nodeMs []float64
+				var configMs, nodeMs, removeMs []float64
 				b.ResetTimer()
 				for range b.N {
 					for i := range rounds {
@@ -200,10 +209,13 @@ func BenchmarkMasqueradeChange(b *testing.B) {
 							b.Fatal(err)
 						}
 						nodeMs = append(nodeMs, ms(time.Since(start)))
-						// Back to the starting state for the next round.
-						if _, err := be.Sync(ctx, cur); err != nil {
+						// Back to the starting state: a CIDR and a Node removed, which deletes
+						// elements (for nftables, a transaction that waits for an RCU grace period).
+						start = time.Now()
+						if _, err := be.Sync(ctx, Compute(cfg, Options{RandomFully: true}, nodes, "n1")); err != nil {
 							b.Fatal(err)
 						}
+						removeMs = append(removeMs, ms(time.Since(start)))
 					}
 				}
 				b.StopTimer()
@@ -211,6 +223,8 @@ func BenchmarkMasqueradeChange(b *testing.B) {
 				b.ReportMetric(percentile(configMs, 99), "config-p99-ms")
 				b.ReportMetric(percentile(nodeMs, 50), "node-p50-ms")
 				b.ReportMetric(percentile(nodeMs, 99), "node-p99-ms")
+				b.ReportMetric(percentile(removeMs, 50), "remove-p50-ms")
+				b.ReportMetric(percentile(removeMs, 99), "remove-p99-ms")
 				if err := be.Cleanup(ctx); err != nil {
 					b.Fatal(err)
 				}

@@ -347,7 +347,7 @@ func TestMasqueradeCommands(t *testing.T) {
 		t.Fatalf("render: %v\n%s", err, out)
 	}
 	for _, want := range []string{"add table inet netwarden-masq", "masquerade fully-random",
-		"masq-src-v4 { 10.244.0.0/24 }", "nomasq-dst-v4 { 10.244.0.0/23 }", // node-2's podCIDR merged with ours
+		"masq-src-v4 { 10.244.0.0/24 }", "nomasq-dst-v4 { 10.244.0.0/24 }", "nomasq-dst-v4 { " + s.remoteCR[0] + " }",
 		"198.51.100.0/24", "169.254.0.0/16", "fe80::/10"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("nftables render lacks %q:\n%s", want, out)
