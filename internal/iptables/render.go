@@ -126,7 +126,13 @@ func (s *ipset) createLine(name string) string {
 	if s.v6 {
 		fam = "inet6"
 	}
-	return fmt.Sprintf("create %s %s family %s hashsize 1024 maxelem 1048576", name, s.typ, fam)
+	// Sized for about four members a bucket: most sets are small, and ipset grows a set's
+	// table itself when members are added later.
+	hashsize := 64
+	for hashsize < 65536 && hashsize*4 < s.count {
+		hashsize *= 2
+	}
+	return fmt.Sprintf("create %s %s family %s hashsize %d maxelem 1048576", name, s.typ, fam, hashsize)
 }
 
 // Rendered is what the kernel should hold: sets by name, and per family (v4, v6) our chains

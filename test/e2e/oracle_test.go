@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -39,28 +38,28 @@ type world struct {
 	policies   map[string]*networkingv1.NetworkPolicy
 	nodes      map[string]*corev1.Node
 	agents     []*nodeAgent // agents on extra nodes
+	be         backend      // the NetworkPolicy backend every agent of this world uses
 }
 
-func newWorld(t *testing.T, topo testbed.Topology, v4, v6 bool) *world {
+func newWorld(t *testing.T, be backend, topo testbed.Topology, v4, v6 bool) *world {
 	t.Helper()
 	requireKernel(t)
-	sim, err := simnode.New(simnode.Options{Bed: testbed.Config{Topology: topo, IPv4: v4, IPv6: v6}})
+	sim, err := simnode.New(simnode.Options{Bed: testbed.Config{Topology: topo, IPv4: v4, IPv6: v6}, AgentBin: agentBinary(t, be)})
 	if err != nil {
 		t.Fatalf("creating test bed: %v", err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("agent log:\n%s", tail(sim.Log(), 60))
-			if out, err := sim.Nft("list", "table", "inet", "netwarden"); err == nil {
-				t.Logf("kernel table:\n%s", tail(out, 200))
-			}
+			t.Logf("kernel state (%s):\n%s", be.name, tail(kernelState(context.Background(), sim.Bed, be), 200))
 		}
 		if err := sim.Close(); err != nil {
 			t.Errorf("closing test bed: %v", err)
 		}
 	})
 	return &world{sim: sim, namespaces: map[string]*corev1.Namespace{}, pods: map[string]*corev1.Pod{},
-		tpods: map[string]*testbed.Pod{}, policies: map[string]*networkingv1.NetworkPolicy{}, nodes: map[string]*corev1.Node{}}
+		tpods: map[string]*testbed.Pod{}, policies: map[string]*networkingv1.NetworkPolicy{}, nodes: map[string]*corev1.Node{},
+		be: be}
 }
 
 func tail(s string, n int) string {
@@ -210,27 +209,9 @@ func (a *nodeAgent) syncs() int {
 // startAgentOn runs an agent for node name in that node's netns.
 func (w *world) startAgentOn(t *testing.T, name string) {
 	t.Helper()
-	bin, err := simnode.AgentBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
 	node := w.node(t, name)
-	a := &nodeAgent{nodeName: name, node: node}
-	a.cmd = exec.Command("ip", "netns", "exec", node.NetNSName, bin, "agent", "--manifests", w.sim.Dir,
-		"--node-name", name, "--health-addr", "", "--log-level", "debug", "--resync-period", "2s")
-	a.cmd.Stdout, a.cmd.Stderr = a, a
-	if err := a.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = a.cmd.Process.Signal(syscall.SIGTERM)
-		_ = a.cmd.Wait()
-		if t.Failed() {
-			a.mu.Lock()
-			t.Logf("agent on %s:\n%s", name, tail(a.log.String(), 30))
-			a.mu.Unlock()
-		}
-	})
+	a := startAgentIn(t, agentBinary(t, w.be), node.NetNSName, name, w.sim.Dir)
+	a.node = node
 	w.agents = append(w.agents, a)
 }
 
@@ -545,6 +526,9 @@ func simnodeMarshal(objs []runtime.Object) ([]byte, error) { return simnode.Mars
 // would hide a bug in the incremental (netlink) path behind a working full sync.
 func (w *world) requireIncremental(t *testing.T) {
 	t.Helper()
+	if !strings.Contains(w.sim.Log(), "backend="+w.be.name) {
+		t.Errorf("the agent did not run on backend %s:\n%s", w.be.name, tail(w.sim.Log(), 20))
+	}
 	for _, line := range strings.Split(w.sim.Log(), "\n") {
 		if strings.Contains(line, "fallbackReason") {
 			t.Errorf("an incremental sync fell back to a full one: %s", line)

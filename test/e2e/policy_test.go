@@ -12,8 +12,8 @@ import (
 
 // standardWorld builds three namespaces and five local pods. Named ports differ per pod, so a
 // named port resolves to different numbers on different destinations.
-func standardWorld(t *testing.T, topo testbed.Topology, v4, v6 bool) *world {
-	w := newWorld(t, topo, v4, v6)
+func standardWorld(t *testing.T, be backend, topo testbed.Topology, v4, v6 bool) *world {
+	w := newWorld(t, be, topo, v4, v6)
 	w.addNamespace("x", map[string]string{"ns": "x", "team": "blue"})
 	w.addNamespace("y", map[string]string{"ns": "y", "team": "red"})
 	w.addNamespace("z", map[string]string{"ns": "z"})
@@ -153,22 +153,28 @@ func runScenarios(t *testing.T, w *world) {
 
 func TestSemanticsRoutedDualStack(t *testing.T) {
 	t.Parallel()
-	runScenarios(t, standardWorld(t, testbed.Routed, true, true))
+	forEachBackend(t, allBackends, func(t *testing.T, be backend) {
+		runScenarios(t, standardWorld(t, be, testbed.Routed, true, true))
+	})
 }
 
 func TestSemanticsBridgeDualStack(t *testing.T) {
 	t.Parallel()
-	runScenarios(t, standardWorld(t, testbed.Bridge, true, true))
+	forEachBackend(t, allBackends, func(t *testing.T, be backend) {
+		runScenarios(t, standardWorld(t, be, testbed.Bridge, true, true))
+	})
 }
 
 // TestRemotePeers runs every scenario with pods on a second node as well: every pod in the
 // cluster is a peer, and traffic between nodes is judged here on the local side.
 func TestRemotePeers(t *testing.T) {
 	t.Parallel()
-	w := standardWorld(t, testbed.Routed, true, true)
-	w.addRemotePod(t, "x", "r1", map[string]string{"pod": "a", "tier": "web"}, cport("web", 81, tcp), cport("dns", 80, udp))
-	w.addRemotePod(t, "z", "r2", map[string]string{"pod": "b"}, cport("sig", 81, sctp))
-	runScenarios(t, w)
+	forEachBackend(t, allBackends, func(t *testing.T, be backend) {
+		w := standardWorld(t, be, testbed.Routed, true, true)
+		w.addRemotePod(t, "x", "r1", map[string]string{"pod": "a", "tier": "web"}, cport("web", 81, tcp), cport("dns", 80, udp))
+		w.addRemotePod(t, "z", "r2", map[string]string{"pod": "b"}, cport("sig", 81, sctp))
+		runScenarios(t, w)
+	})
 }
 
 // TestMultiNode runs an agent on each of several nodes against the same cluster state: ingress
@@ -176,21 +182,23 @@ func TestRemotePeers(t *testing.T) {
 // node added later, with its own pod CIDR and pods, is picked up by every agent.
 func TestMultiNode(t *testing.T) {
 	t.Parallel()
-	w := standardWorld(t, testbed.Routed, true, true)
-	w.startAgentOn(t, "node-2")
-	w.addPodOn(t, "node-2", "x", "r1", map[string]string{"pod": "a", "tier": "web"}, cport("web", 81, tcp), cport("dns", 80, udp))
-	w.addPodOn(t, "node-2", "z", "r2", map[string]string{"pod": "b"}, cport("sig", 81, sctp))
-	runScenarios(t, w)
+	forEachBackend(t, allBackends, func(t *testing.T, be backend) {
+		w := standardWorld(t, be, testbed.Routed, true, true)
+		w.startAgentOn(t, "node-2")
+		w.addPodOn(t, "node-2", "x", "r1", map[string]string{"pod": "a", "tier": "web"}, cport("web", 81, tcp), cport("dns", 80, udp))
+		w.addPodOn(t, "node-2", "z", "r2", map[string]string{"pod": "b"}, cport("sig", 81, sctp))
+		runScenarios(t, w)
 
-	w.startAgentOn(t, "node-3")
-	w.addPodOn(t, "node-3", "y", "r3", map[string]string{"pod": "a"}, cport("web", 80, tcp))
-	w.policies = map[string]*networkingv1.NetworkPolicy{}
-	for _, np := range []*networkingv1.NetworkPolicy{
-		withIngress(netpol("y", "from-x-web", sel("pod", "a")), from(peers(nsPodPeer(selp("ns", "x"), selp("tier", "web"))), namedPort(tcp, "web"))),
-		withEgress(netpol("z", "only-y", sel(), egressType), to(peers(nsPeer(selp("ns", "y"))))),
-	} {
-		w.policies[np.Namespace+"/"+np.Name] = np
-	}
-	w.apply(t)
-	w.check(t, "third node added later")
+		w.startAgentOn(t, "node-3")
+		w.addPodOn(t, "node-3", "y", "r3", map[string]string{"pod": "a"}, cport("web", 80, tcp))
+		w.policies = map[string]*networkingv1.NetworkPolicy{}
+		for _, np := range []*networkingv1.NetworkPolicy{
+			withIngress(netpol("y", "from-x-web", sel("pod", "a")), from(peers(nsPodPeer(selp("ns", "x"), selp("tier", "web"))), namedPort(tcp, "web"))),
+			withEgress(netpol("z", "only-y", sel(), egressType), to(peers(nsPeer(selp("ns", "y"))))),
+		} {
+			w.policies[np.Namespace+"/"+np.Name] = np
+		}
+		w.apply(t)
+		w.check(t, "third node added later")
+	})
 }

@@ -192,16 +192,18 @@ func TestRandomizedAgainstOracle(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%s-v4=%v-v6=%v", tc.topo, tc.v4, tc.v6), func(t *testing.T) {
 			t.Parallel()
-			s := seed(t)
-			t.Logf("seed %d (replay with NETWARDEN_SEED=%d)", s, s)
-			w := standardWorld(t, tc.topo, tc.v4, tc.v6)
-			g := &gen{r: rand.New(rand.NewPCG(s, 0x6e6574)), w: w}
-			for round := range tc.rounds {
-				g.randomize()
-				w.apply(t)
-				w.check(t, fmt.Sprintf("seed %d round %d", s, round))
-			}
-			w.requireIncremental(t)
+			forEachBackend(t, allBackends, func(t *testing.T, be backend) {
+				s := seed(t)
+				t.Logf("seed %d (replay with NETWARDEN_SEED=%d)", s, s)
+				w := standardWorld(t, be, tc.topo, tc.v4, tc.v6)
+				g := &gen{r: rand.New(rand.NewPCG(s, 0x6e6574)), w: w}
+				for round := range tc.rounds {
+					g.randomize()
+					w.apply(t)
+					w.check(t, fmt.Sprintf("seed %d round %d", s, round))
+				}
+				w.requireIncremental(t)
+			})
 		})
 	}
 }

@@ -1,0 +1,194 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/testbed"
+)
+
+// backend is a NetworkPolicy backend the behavioural tests run against: nftables, or the
+// iptables backend on one of the two iptables variants.
+type backend struct {
+	name string // what the agent reports (Name(), the metrics' backend label)
+	flag string // --backend
+	mode string // $NETWARDEN_IPTABLES_MODE, for the iptables backend
+}
+
+var (
+	nftablesBackend = backend{name: "nftables", flag: "nftables"}
+	iptablesNFT     = backend{name: "iptables-nft", flag: "iptables", mode: "nft"}
+	iptablesLegacy  = backend{name: "iptables-legacy", flag: "iptables", mode: "legacy"}
+
+	// allBackends run every behavioural test.
+	allBackends = []backend{nftablesBackend, iptablesNFT, iptablesLegacy}
+	// iptablesBackends run the tests about living next to other iptables users.
+	iptablesBackends = []backend{iptablesNFT, iptablesLegacy}
+)
+
+func (be backend) iptables() bool { return be.flag == "iptables" }
+
+// forEachBackend runs f as a parallel subtest per backend.
+func forEachBackend(t *testing.T, backends []backend, f func(t *testing.T, be backend)) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, be)
+		})
+	}
+}
+
+var (
+	wrappersMu sync.Mutex
+	wrappers   = map[string]string{}
+)
+
+// agentBinary returns a wrapper around the agent binary that selects be for the agent and
+// render commands (a later --backend on the command line still wins) and pins the iptables
+// variant through the environment, so every way a test starts the binary uses be.
+func agentBinary(t *testing.T, be backend) string {
+	t.Helper()
+	bin, err := simnode.AgentBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrappersMu.Lock()
+	defer wrappersMu.Unlock()
+	if w, ok := wrappers[be.name]; ok {
+		return w
+	}
+	dir, err := os.MkdirTemp("", "netwarden-e2e-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "netwarden-"+be.name)
+	script := fmt.Sprintf(`#!/bin/sh
+export NETWARDEN_IPTABLES_MODE=%q
+case "$1" in
+agent|render) cmd=$1; shift; exec %q "$cmd" --backend %q "$@" ;;
+esac
+exec %q "$@"
+`, be.mode, bin, be.flag, bin)
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wrappers[be.name] = path
+	return path
+}
+
+// kernelState prints what the backend holds in the node netns, in a canonical order, so two
+// states can be compared and a failure shows the rules.
+func kernelState(ctx context.Context, bed *testbed.Bed, be backend) string {
+	if !be.iptables() {
+		out, err := bed.NodeExec(ctx, "nft", "list", "table", "inet", "netwarden")
+		if err != nil {
+			return fmt.Sprintf("nft list table: %v %s", err, out)
+		}
+		return sortedElements(string(out))
+	}
+	var sb strings.Builder
+	for _, cmd := range []string{"iptables-" + be.mode + "-save", "ip6tables-" + be.mode + "-save"} {
+		out, err := bed.NodeExec(ctx, cmd, "-t", "filter")
+		if err != nil {
+			fmt.Fprintf(&sb, "%s: %v %s\n", cmd, err, out)
+			continue
+		}
+		fmt.Fprintf(&sb, "# %s\n", cmd)
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(l, "#") {
+				continue
+			}
+			sb.WriteString(strings.Split(l, " [")[0] + "\n") // without counters
+		}
+	}
+	out, err := bed.NodeExec(ctx, "ipset", "save")
+	if err != nil {
+		fmt.Fprintf(&sb, "ipset save: %v %s\n", err, out)
+	}
+	var sets []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		sets = append(sets, createHead(l))
+	}
+	sort.Strings(sets)
+	sb.WriteString("# ipset save (sorted)\n" + strings.Join(sets, "\n") + "\n")
+	return sb.String()
+}
+
+// sortedElements puts an nft listing in a canonical form: the table's sets, maps and chains in
+// name order (nft lists them in creation order), and the elements inside each
+// "elements = { ... }" sorted (nft prints them in hash order). Rule order within a chain stays.
+func sortedElements(listing string) string {
+	var blocks []string
+	var cur []string
+	for _, l := range strings.Split(listing, "\n") {
+		if i := strings.Index(l, "elements = {"); i >= 0 && strings.HasSuffix(strings.TrimSpace(l), "}") {
+			inner := strings.TrimSuffix(strings.TrimSpace(l[i+len("elements = {"):]), "}")
+			elems := strings.Split(inner, ",")
+			for j := range elems {
+				elems[j] = strings.TrimSpace(elems[j])
+			}
+			sort.Strings(elems)
+			l = l[:i] + "elements = { " + strings.Join(elems, ", ") + " }"
+		}
+		if strings.TrimSpace(l) == "" || strings.HasPrefix(l, "table ") {
+			continue
+		}
+		cur = append(cur, l)
+		if l == "\t}" {
+			blocks = append(blocks, strings.Join(cur, "\n"))
+			cur = nil
+		}
+	}
+	sort.Strings(blocks)
+	return strings.Join(blocks, "\n\n") + "\n" + strings.Join(cur, "\n")
+}
+
+// ourObjects lists every chain, jump and set of ours that either iptables variant or ipset
+// holds in the node netns, for cleanup checks.
+func ourObjects(ctx context.Context, t *testing.T, bed *testbed.Bed) []string {
+	t.Helper()
+	var found []string
+	for _, mode := range []string{"nft", "legacy"} {
+		for _, cmd := range []string{"iptables-" + mode + "-save", "ip6tables-" + mode + "-save"} {
+			out, err := bed.NodeExec(ctx, cmd, "-t", "filter")
+			if err != nil {
+				t.Fatalf("%s: %v %s", cmd, err, out)
+			}
+			for _, l := range strings.Split(string(out), "\n") {
+				if strings.Contains(l, "NETWARDEN-") {
+					found = append(found, cmd+": "+l)
+				}
+			}
+		}
+	}
+	out, err := bed.NodeExec(ctx, "ipset", "list", "-n")
+	if err != nil {
+		t.Fatalf("ipset list: %v %s", err, out)
+	}
+	for _, n := range strings.Fields(string(out)) {
+		if strings.HasPrefix(n, "netwarden-") {
+			found = append(found, "ipset: "+n)
+		}
+	}
+	if out, err := bed.NodeExec(ctx, "nft", "list", "tables"); err == nil && strings.Contains(string(out), "netwarden") {
+		found = append(found, "nft: "+strings.TrimSpace(string(out)))
+	}
+	return found
+}
+
+// createHead cuts an `ipset save` create line after the family: the table size grows with
+// use and the hash seed is random, neither is content.
+func createHead(line string) string {
+	f := strings.Fields(line)
+	if len(f) > 5 && f[0] == "create" && f[3] == "family" {
+		return strings.Join(f[:5], " ")
+	}
+	return line
+}
