@@ -176,13 +176,16 @@ func dnatRule(kind string, m Mapping, c netip.Addr, conds []string) string {
 	if c.Is6() {
 		fam = "ip6"
 	}
-	if m.HostIP.IsValid() {
+	switch {
+	case m.HostIP.IsValid():
 		parts = append(parts, fam+" daddr "+m.HostIP.String())
-	} else {
+	case len(conds) > 0 && strings.HasPrefix(conds[0], fam+" "):
+		// The condition's own ip/ip6 match implies the family; nft lists the rule without the
+		// meta match, and CHECK compares with that listing.
+	case c.Is6():
+		parts = append(parts, "meta nfproto ipv6")
+	default:
 		parts = append(parts, "meta nfproto ipv4")
-		if c.Is6() {
-			parts[0] = "meta nfproto ipv6"
-		}
 	}
 	parts = append(parts, conds...)
 	parts = append(parts, fmt.Sprintf("%s dport %d dnat %s to %s", m.Protocol, m.HostPort, fam, to))
