@@ -78,6 +78,9 @@ func (n *nftNetlink) commit() error {
 	}
 	n.batch = 0
 	if err := n.conn.Flush(); err != nil {
+		if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory") {
+			return fmt.Errorf("nftables netlink: %w: %v", errNFTNotFound, err)
+		}
 		return fmt.Errorf("nftables netlink: %w", err)
 	}
 	return nil

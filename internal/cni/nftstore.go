@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"strings"
 
+	gnft "github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
 	"sigs.k8s.io/knftables"
 )
 
@@ -108,25 +111,98 @@ func (s *NFTStore) addTx(d Desired) *knftables.Transaction {
 }
 
 func (s *NFTStore) Add(ctx context.Context, d Desired) error {
-	err := s.nft.run(ctx, s.addTx(d))
+	if len(d.Chains) == 0 {
+		// Nothing to install; a repeated ADD must still drop what the attachment had.
+		return s.delID(d.Att.ID())
+	}
+	apply := func() error {
+		err := s.addNetlink(d)
+		if errors.Is(err, errNotCompilable) {
+			err = s.addText(ctx, d)
+		}
+		return err
+	}
+	err := apply()
 	if errors.Is(err, errNFTNotFound) {
 		// First use on this node (or someone removed our table): build it, then retry.
 		if err := s.setup(ctx); err != nil {
 			return err
 		}
-		err = s.nft.run(ctx, s.addTx(d))
-	}
-	if errors.Is(err, errNFTExists) {
-		// A repeated ADD of the same attachment replaces its rules.
-		if err := s.Del(ctx, d.Att); err != nil {
-			return err
-		}
-		err = s.nft.run(ctx, s.addTx(d))
+		err = apply()
 	}
 	if err != nil {
 		return fmt.Errorf("nftables: add rules of %s: %w", d.Att, err)
 	}
 	return nil
+}
+
+var errNotCompilable = errors.New("rules outside the netlink dialect")
+
+// addNetlink installs d as one netlink batch, without an nft process.
+func (s *NFTStore) addNetlink(d Desired) error {
+	type rule struct {
+		chain, comment string
+		exprs          []expr.Any
+	}
+	id := d.Att.ID()
+	var chains []string
+	var rules []rule
+	for _, c := range d.Chains {
+		name := attChain(c.Group, id)
+		chains = append(chains, name)
+		for _, r := range c.Rules {
+			e, ok := compileRule(r)
+			if !ok {
+				return errNotCompilable
+			}
+			rules = append(rules, rule{chain: name, exprs: e})
+		}
+		for _, j := range c.Jumps {
+			e, ok := compileRule(strings.TrimSpace(j + " jump " + name))
+			if !ok {
+				return errNotCompilable
+			}
+			rules = append(rules, rule{chain: bucketChain(c.Group, BucketOf(id)), comment: name, exprs: e})
+		}
+	}
+	nl, err := newNFTNetlink(s.layout.Table)
+	if err != nil {
+		return err
+	}
+	exists, err := nl.chainExists(chains[0])
+	if err != nil {
+		return err
+	}
+	if exists {
+		// A repeated ADD of the same attachment replaces its rules.
+		if err := s.delID(id); err != nil {
+			return err
+		}
+	}
+	for _, name := range chains {
+		nl.conn.AddChain(nl.chain(name))
+	}
+	for _, r := range rules {
+		var ud []byte
+		if r.comment != "" {
+			ud = userdata.AppendString(nil, userdata.TypeComment, r.comment)
+		}
+		nl.conn.AddRule(&gnft.Rule{Table: nl.table, Chain: nl.chain(r.chain), Exprs: r.exprs, UserData: ud})
+	}
+	nl.batch++
+	return nl.commit()
+}
+
+// addText installs d through nft, for rules (user conditions) that only nft can parse.
+func (s *NFTStore) addText(ctx context.Context, d Desired) error {
+	err := s.nft.run(ctx, s.addTx(d))
+	if errors.Is(err, errNFTExists) {
+		if err := s.delID(d.Att.ID()); err != nil {
+			return err
+		}
+		err = s.nft.run(ctx, s.addTx(d))
+	}
+	return err
 }
 
 // jumpsTo lists the bucket rules that jump to the attachment's chain in group.
