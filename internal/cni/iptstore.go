@@ -319,19 +319,3 @@ func (s *IPTStore) GC(ctx context.Context, network string, valid map[string]bool
 	}
 	return errors.Join(errs...)
 }
-
-// Rules lists every attachment chain with its rules, keyed "family/name", for tests.
-func (s *IPTStore) Rules(ctx context.Context) (map[string][]string, error) {
-	existing, err := s.chains(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string][]string{}
-	for key := range existing {
-		fam, name, _ := strings.Cut(key, "/")
-		if out[key], err = s.listChain(ctx, xtables.Family(fam), name); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}

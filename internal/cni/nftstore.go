@@ -336,25 +336,3 @@ func (s *NFTStore) GC(ctx context.Context, network string, valid map[string]bool
 	}
 	return errors.Join(errs...)
 }
-
-// Rules lists every attachment chain of the table with its rules, for tests and diagnostics.
-func (s *NFTStore) Rules(ctx context.Context) (map[string][]string, error) {
-	chains, err := s.nft.listChains(ctx)
-	if errors.Is(err, errNFTNotFound) {
-		return map[string][]string{}, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	out := map[string][]string{}
-	for _, name := range chains {
-		for _, g := range s.layout.Groups {
-			if attIDOf(g, name) != "" {
-				if out[name], err = s.nft.chainText(ctx, name); err != nil {
-					return nil, err
-				}
-			}
-		}
-	}
-	return out, nil
-}

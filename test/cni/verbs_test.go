@@ -389,3 +389,27 @@ func TestStatus(t *testing.T) {
 		}
 	})
 }
+
+// TestNoState: on a node where the plugins never ran, DEL (with or without a prevResult) and GC
+// succeed, and CHECK reports the missing rules.
+func TestNoState(t *testing.T) {
+	forBackends(t, func(t *testing.T, backend string) {
+		n := newBareNode(t, backend)
+		maps := []portMapping{{HostPort: 8080, ContainerPort: 80, Protocol: "udp"}}
+		for _, plugin := range []string{"netwarden-portmap", "netwarden-ipmasq"} {
+			conf := pluginConf(plugin, backend, "10.99.0.5", maps, nil)
+			bare := []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"type":%q,"backend":%q}`, network, plugin, backend))
+			for _, c := range []struct {
+				cmd  string
+				conf []byte
+			}{{"DEL", conf}, {"DEL", bare}, {"GC", bare}} {
+				if _, err := n.execPlugin(plugin, c.cmd, "x", c.conf); err != nil {
+					t.Errorf("%s %s on a fresh node: %v", plugin, c.cmd, err)
+				}
+			}
+			if _, err := n.execPlugin(plugin, "CHECK", "x", conf); err == nil {
+				t.Errorf("%s CHECK on a fresh node passed", plugin)
+			}
+		}
+	})
+}
