@@ -46,12 +46,23 @@ func BucketOf(id string) int {
 	return int(sum[0]) % Buckets
 }
 
-// Describe is the human-readable identity put in rule comments, cut to fit the kernel's 128-byte
-// comment limit (the chain name carries the exact identity).
-func (a Attachment) Describe() string {
-	s := strings.NewReplacer(`"`, "", `\`, "").Replace(a.String())
-	if len(s) > 120 {
-		s = s[:120]
+// jumpComment is the comment of a bucket's jump rule: the target chain's name (which DEL matches)
+// and, for people reading the ruleset, the attachment it belongs to, within the kernel's
+// 128-byte comment limit.
+func jumpComment(chain string, a Attachment) string {
+	s := chain + " " + strings.Map(func(r rune) rune {
+		if r < ' ' || r == '"' || r == '\\' || r > '~' {
+			return -1
+		}
+		return r
+	}, a.String())
+	if len(s) > 127 {
+		s = s[:127]
 	}
 	return s
+}
+
+// isJumpComment reports whether a rule comment marks a jump to chain.
+func isJumpComment(comment, chain string) bool {
+	return comment == chain || strings.HasPrefix(comment, chain+" ")
 }

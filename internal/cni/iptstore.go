@@ -167,7 +167,7 @@ func (s *IPTStore) Add(ctx context.Context, d Desired) error {
 				}
 			}
 			for _, j := range c.Jumps {
-				fmt.Fprintf(&in, "-A %s %s\n", bucket, strings.TrimSpace(j+" -m comment --comment "+name+" -j "+name))
+				fmt.Fprintf(&in, "-A %s %s -m comment --comment \"%s\" -j %s\n", bucket, j, jumpComment(name, d.Att), name)
 			}
 		}
 		in.WriteString("COMMIT\n")

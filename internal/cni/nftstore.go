@@ -104,7 +104,7 @@ func (s *NFTStore) addTx(d Desired) *knftables.Transaction {
 		}
 		bucket := bucketChain(c.Group, BucketOf(id))
 		for _, j := range c.Jumps {
-			tx.Add(&knftables.Rule{Chain: bucket, Rule: strings.TrimSpace(j + " jump " + name), Comment: knftables.PtrTo(name)})
+			tx.Add(&knftables.Rule{Chain: bucket, Rule: strings.TrimSpace(j + " jump " + name), Comment: knftables.PtrTo(jumpComment(name, d.Att))})
 		}
 	}
 	return tx
@@ -162,7 +162,7 @@ func (s *NFTStore) addNetlink(d Desired) error {
 			if !ok {
 				return errNotCompilable
 			}
-			rules = append(rules, rule{chain: bucketChain(c.Group, BucketOf(id)), comment: name, exprs: e})
+			rules = append(rules, rule{chain: bucketChain(c.Group, BucketOf(id)), comment: jumpComment(name, d.Att), exprs: e})
 		}
 	}
 	nl, err := newNFTNetlink(s.layout.Table)
@@ -214,7 +214,7 @@ func jumpsTo(nl *nftNetlink, group, id string) ([]nftRule, error) {
 	name := attChain(group, id)
 	var out []nftRule
 	for _, r := range rules {
-		if r.Comment == name {
+		if isJumpComment(r.Comment, name) {
 			out = append(out, r)
 		}
 	}
