@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/netwarden/netwarden/internal/cni"
+	"github.com/netwarden/netwarden/internal/ipmasq"
 	"github.com/netwarden/netwarden/internal/portmap"
 )
 
@@ -18,35 +19,44 @@ const (
 )
 
 // BenchmarkPortmapAddDel measures what a runtime waits for: one netwarden-portmap ADD and one
-// DEL (process start, lock, backend detection, transaction) on a node that already holds 1,000
-// host-port mappings, as p50 and p99 per backend.
-func BenchmarkPortmapAddDel(b *testing.B) {
+// DEL (process start, lock, transaction, conntrack flush of the UDP port) on a node that already
+// holds 1,000 host-port mappings, as p50 and p99 per backend.
+func BenchmarkPortmapAddDel(b *testing.B) { benchAddDel(b, "netwarden-portmap") }
+
+// BenchmarkIPMasqAddDel is the same for netwarden-ipmasq with 1,000 masqueraded attachments.
+func BenchmarkIPMasqAddDel(b *testing.B) { benchAddDel(b, "netwarden-ipmasq") }
+
+func benchAddDel(b *testing.B, plugin string) {
 	requireKernel(b)
 	for _, backend := range backends {
 		b.Run(backend, func(b *testing.B) {
 			n := newBareNode(b, backend)
-			prefill(b, n, backend)
+			prefill(b, n, plugin, backend)
 			var add, del []time.Duration
 			for range b.N {
 				add, del = nil, nil
 				for i := range benchRounds {
-					conf := pluginConf("netwarden-portmap", backend, fmt.Sprintf("10.98.%d.%d", i/200, i%200+1),
+					conf := pluginConf(plugin, backend, fmt.Sprintf("10.98.%d.%d", i/200, i%200+1),
 						[]portMapping{{HostPort: 40000 + i, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 40000 + i, ContainerPort: 80, Protocol: "udp"}}, nil)
 					id := fmt.Sprintf("bench-%d", i)
 					start := time.Now()
-					if _, err := n.execPlugin("netwarden-portmap", "ADD", id, conf); err != nil {
+					if _, err := n.execPlugin(plugin, "ADD", id, conf); err != nil {
 						b.Fatalf("ADD: %v", err)
 					}
 					add = append(add, time.Since(start))
 					start = time.Now()
-					if _, err := n.execPlugin("netwarden-portmap", "DEL", id, conf); err != nil {
+					if _, err := n.execPlugin(plugin, "DEL", id, conf); err != nil {
 						b.Fatalf("DEL: %v", err)
 					}
 					del = append(del, time.Since(start))
 				}
 			}
-			if got := len(n.attChains()); got != 2*benchExisting {
-				b.Fatalf("%d attachment chains after the rounds, want %d", got, 2*benchExisting)
+			want := benchExisting
+			if plugin == "netwarden-portmap" {
+				want *= 2 // DNAT and SNAT chains
+			}
+			if got := len(n.attChains()); got != want {
+				b.Fatalf("%d attachment chains after the rounds, want %d", got, want)
 			}
 			b.ReportMetric(pct(add, 50), "add-p50-ms")
 			b.ReportMetric(pct(add, 99), "add-p99-ms")
@@ -56,29 +66,37 @@ func BenchmarkPortmapAddDel(b *testing.B) {
 	}
 }
 
-// prefill installs benchExisting attachments with one mapping each through the plugin's own
-// store (in process, to keep the setup short).
-func prefill(b *testing.B, n *node, backend string) {
+// prefill installs benchExisting attachments (with one mapping each for portmap) through the
+// plugin's own store (in process, to keep the setup short).
+func prefill(b *testing.B, n *node, plugin, backend string) {
 	b.Helper()
 	err := n.inNode(func() error {
 		ctx := context.Background()
 		var store cni.Store
 		var err error
 		kind := "nftables"
+		nftLayout, iptLayout := portmap.NFTLayout(), portmap.IPTLayout()
+		if plugin == "netwarden-ipmasq" {
+			nftLayout, iptLayout = ipmasq.Plugin{}.NFTLayout(), ipmasq.Plugin{}.IPTLayout()
+		}
 		if backend == "nftables" {
-			store, err = cni.NewNFTStore(portmap.NFTLayout())
+			store, err = cni.NewNFTStore(nftLayout)
 		} else {
 			kind = "iptables"
-			store, err = cni.NewIPTStore(ctx, portmap.IPTLayout(), backend[len("iptables-"):])
+			store, err = cni.NewIPTStore(ctx, iptLayout, backend[len("iptables-"):])
 		}
 		if err != nil {
 			return err
 		}
 		for i := range benchExisting {
 			ip := netip.AddrFrom4([4]byte{10, 97, byte(i / 200), byte(i%200 + 1)})
+			a := cni.Attachment{Network: network, IfName: "eth0", ContainerID: fmt.Sprintf("existing-%d", i)}
+			ips := []netip.Prefix{netip.PrefixFrom(ip, 16)}
 			cfg := portmap.Config{SNAT: true, Mappings: []portmap.Mapping{{HostPort: uint16(30000 + i), ContainerPort: 80, Protocol: "tcp"}}}
-			d := portmap.Desired(cni.Attachment{Network: network, IfName: "eth0", ContainerID: fmt.Sprintf("existing-%d", i)},
-				cfg, []netip.Prefix{netip.PrefixFrom(ip, 16)}, kind)
+			d := portmap.Desired(a, cfg, ips, kind)
+			if plugin == "netwarden-ipmasq" {
+				d = ipmasq.Desired(a, ips, kind)
+			}
 			if err := store.Add(ctx, d); err != nil {
 				return err
 			}
