@@ -261,6 +261,9 @@ func (s *NFTStore) delID(id string) error {
 }
 
 func (s *NFTStore) Check(ctx context.Context, d Desired) error {
+	if len(d.Chains) == 0 {
+		return nil // an attachment without rules needs no table either
+	}
 	var errs []error
 	for _, bc := range s.layout.Base {
 		have, err := s.nft.chainText(ctx, bc.Name)

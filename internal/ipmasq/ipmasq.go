@@ -51,11 +51,8 @@ func (Plugin) Desired(inv *cni.Invocation, kind string) (cni.Desired, error) {
 	if inv.Result == nil {
 		return cni.Desired{}, cni.ConfigError("prevResult", "missing")
 	}
-	ips := portmap.ContainerIPs(inv.Result)
-	if len(ips) == 0 {
-		return cni.Desired{}, cni.ConfigError("prevResult.ips", "no IP of the container interface to masquerade")
-	}
-	return Desired(inv.Att, ips, kind), nil
+	// An attachment without IPs has nothing to masquerade, and gets no rules.
+	return Desired(inv.Att, portmap.ContainerIPs(inv.Result), kind), nil
 }
 
 // Desired returns the attachment's chains: each container IP jumps to them, they return for

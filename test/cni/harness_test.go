@@ -453,7 +453,8 @@ func (n *node) execPlugin(plugin, command, containerID string, conf []byte) (typ
 	return res, err
 }
 
-// pluginConf is a config for one of our plugins with a synthetic prevResult.
+// pluginConf is a config for one of our plugins with a synthetic prevResult (without IPs if ip4
+// is empty).
 func pluginConf(plugin, backend string, ip4 string, maps []portMapping, extra map[string]any) []byte {
 	c := map[string]any{
 		"cniVersion": "1.1.0", "name": network, "type": plugin, "backend": backend,
@@ -461,8 +462,11 @@ func pluginConf(plugin, backend string, ip4 string, maps []portMapping, extra ma
 		"prevResult": map[string]any{
 			"cniVersion": "1.1.0",
 			"interfaces": []any{map[string]string{"name": "cni0"}, map[string]string{"name": "eth0", "sandbox": "/proc/self/ns/net"}},
-			"ips":        []any{map[string]any{"address": ip4 + "/16", "interface": 1}},
+			"ips":        []any{},
 		},
+	}
+	if ip4 != "" {
+		c["prevResult"].(map[string]any)["ips"] = []any{map[string]any{"address": ip4 + "/16", "interface": 1}}
 	}
 	for k, v := range extra {
 		c[k] = v

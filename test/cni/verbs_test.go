@@ -411,5 +411,19 @@ func TestNoState(t *testing.T) {
 				t.Errorf("%s CHECK on a fresh node passed", plugin)
 			}
 		}
+		// An attachment with nothing to install (no port mappings; no IPs) is added and checked
+		// without any table.
+		noMaps := pluginConf("netwarden-portmap", backend, "10.99.0.6", nil, nil)
+		noIPs := pluginConf("netwarden-ipmasq", backend, "", nil, nil)
+		for plugin, conf := range map[string][]byte{"netwarden-portmap": noMaps, "netwarden-ipmasq": noIPs} {
+			for _, cmd := range []string{"ADD", "CHECK", "DEL"} {
+				if _, err := n.execPlugin(plugin, cmd, "empty", conf); err != nil {
+					t.Errorf("%s %s of an attachment with nothing to install: %v", plugin, cmd, err)
+				}
+			}
+		}
+		if have := n.attChains(); len(have) > 0 {
+			t.Errorf("chains left: %v", have)
+		}
 	})
 }
