@@ -1,9 +1,12 @@
 package cni
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -12,8 +15,9 @@ import (
 const LockDir = "/run/netwarden"
 
 // Lock takes an exclusive flock for one plugin, so that concurrent invocations on a node apply
-// their read-modify-write transactions one at a time. The lock goes away with the process.
-func Lock(plugin string) (unlock func(), err error) {
+// their read-modify-write transactions one at a time. It gives up when ctx ends (a stuck holder
+// must not wedge every later invocation); the lock goes away with the process.
+func Lock(ctx context.Context, plugin string) (unlock func(), err error) {
 	dir := lockDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("lock directory: %w", err)
@@ -24,17 +28,25 @@ func Lock(plugin string) (unlock func(), err error) {
 		return nil, fmt.Errorf("open lock %s: %w", path, err)
 	}
 	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		if err != unix.EINTR {
-			break
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if err != unix.EWOULDBLOCK && err != unix.EINTR {
+			f.Close()
+			return nil, fmt.Errorf("flock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("%w: waiting for %s held by another invocation", ErrLockTimeout, path)
+		case <-time.After(2 * time.Millisecond):
 		}
 	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("flock %s: %w", path, err)
-	}
-	return func() { f.Close() }, nil
 }
+
+// ErrLockTimeout is returned by Lock when its context ends first.
+var ErrLockTimeout = errors.New("lock timeout")
 
 func lockDir() string {
 	if dir := os.Getenv("NETWARDEN_CNI_LOCK_DIR"); dir != "" {

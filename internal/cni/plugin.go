@@ -190,7 +190,10 @@ func Invoke(p Plugin, cmd string, args *skel.CmdArgs) error {
 	if cmd != "STATUS" && conf.Name == "" {
 		return ConfigError("name", "missing network name")
 	}
-	unlock, err := Lock(p.Name())
+	unlock, err := Lock(ctx, p.Name())
+	if errors.Is(err, ErrLockTimeout) {
+		return types.NewError(types.ErrTryAgainLater, err.Error(), "")
+	}
 	if err != nil {
 		return types.NewError(types.ErrIOFailure, err.Error(), "")
 	}

@@ -32,6 +32,13 @@ var pluginDir string
 var buildErr error
 
 func TestMain(m *testing.M) {
+	// The plugins' lock and backend-choice files go to a directory of this run, not /run.
+	lockDir, err := os.MkdirTemp("", "netwarden-cni-lock-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("NETWARDEN_CNI_LOCK_DIR", lockDir)
 	if os.Geteuid() == 0 {
 		pluginDir, buildErr = buildPlugins()
 	}
@@ -39,6 +46,7 @@ func TestMain(m *testing.M) {
 	if pluginDir != "" {
 		os.RemoveAll(pluginDir)
 	}
+	os.RemoveAll(lockDir)
 	os.Exit(code)
 }
 
