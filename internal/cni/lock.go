@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,21 +26,29 @@ func Lock(ctx context.Context, plugin string) (unlock func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open lock %s: %w", path, err)
 	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
+	// A blocking flock in a goroutine: the kernel wakes one waiter per release, where polling
+	// by dozens of concurrent invocations would burn the CPU they are waiting for.
+	done := make(chan error, 1)
+	go func() {
+		for {
+			err := unix.Flock(int(f.Fd()), unix.LOCK_EX)
+			if err != unix.EINTR {
+				done <- err
+				return
+			}
 		}
-		if err != unix.EWOULDBLOCK && err != unix.EINTR {
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("flock %s: %w", path, err)
 		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("%w: waiting for %s held by another invocation", ErrLockTimeout, path)
-		case <-time.After(2 * time.Millisecond):
-		}
+		return func() { f.Close() }, nil
+	case <-ctx.Done():
+		// Should the goroutine still get the lock, it lets go of it at once.
+		go func() { <-done; f.Close() }()
+		return nil, fmt.Errorf("%w: waiting for %s held by another invocation", ErrLockTimeout, path)
 	}
 }
 
