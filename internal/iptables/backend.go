@@ -225,14 +225,8 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 	}
 	// A run with the other variant (say, before iptables-nft was installed) left chains there
 	// that would still judge packets; they go before the sets they use.
-	other := xtables.ModeLegacy
-	if b.run.Mode == xtables.ModeLegacy {
-		other = xtables.ModeNFT
-	}
-	if r, err := xtables.NewRunner(ctx, other); err == nil {
-		if err := CleanupRules(ctx, r); err != nil {
-			return res, fmt.Errorf("iptables full sync: removing iptables-%s rules of an earlier run: %w", other, err)
-		}
+	if err := b.cleanupOtherVariant(ctx); err != nil {
+		return res, fmt.Errorf("iptables full sync: %w", err)
 	}
 	var post bytes.Buffer
 	for _, n := range existing {
@@ -520,13 +514,34 @@ func parseIPSetSave(out []byte) map[string][]string {
 	return sets
 }
 
-// Cleanup removes our chains, the hook jumps and our sets for this backend's variant.
+// Cleanup removes our chains and the hook jumps, of both variants where the other one works,
+// and then our sets.
 func (b *Backend) Cleanup(ctx context.Context) error {
 	b.applied = nil
 	if err := CleanupRules(ctx, b.run); err != nil {
 		return err
 	}
+	if err := b.cleanupOtherVariant(ctx); err != nil {
+		return err
+	}
 	return CleanupSets(ctx)
+}
+
+// cleanupOtherVariant removes our rules from the iptables variant this backend does not use,
+// when that variant works here.
+func (b *Backend) cleanupOtherVariant(ctx context.Context) error {
+	other := xtables.ModeLegacy
+	if b.run.Mode == xtables.ModeLegacy {
+		other = xtables.ModeNFT
+	}
+	r, err := xtables.NewRunner(ctx, other)
+	if err != nil {
+		return nil // not usable here, so it holds nothing of ours
+	}
+	if err := CleanupRules(ctx, r); err != nil {
+		return fmt.Errorf("removing our iptables-%s rules: %w", other, err)
+	}
+	return nil
 }
 
 // CleanupRules removes the hook jumps and every NETWARDEN-* chain of one variant, both

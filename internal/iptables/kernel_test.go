@@ -153,10 +153,11 @@ func TestKernelSyncVerifyCleanup(t *testing.T) {
 				if res, err := b.Sync(ctx, rs); err != nil || res.Operations != 0 {
 					t.Fatalf("no-op sync: %+v %v", res, err)
 				}
-				// One more pod: set members only.
+				// One more local pod: set members, and the dispatch chains (each direction and
+				// family) rewritten with one more rule.
 				rs3, _ := policy.Compile(stateWithPods(3), "n1")
 				res, err = b.Sync(ctx, rs3)
-				if err != nil || res.Full || res.Operations == 0 || res.Operations > 8 {
+				if err != nil || res.Full || res.Operations == 0 || res.Operations > 24 {
 					t.Fatalf("incremental sync: %+v %v", res, err)
 				}
 				if err := b.Verify(ctx); err != nil {
@@ -214,9 +215,9 @@ func TestKernelSyncVerifyCleanup(t *testing.T) {
 				b = restarted
 
 				// Someone else's edits are detected and repaired.
-				grp := ""
-				for name := range b.applied.Chains[v4] {
-					if strings.HasPrefix(name, groupPrefix) {
+				grp := "" // the ingress group, whose first rule matches a set
+				for name, rules := range b.applied.Chains[v4] {
+					if strings.HasPrefix(name, groupPrefix) && strings.Contains(rules[0], "--match-set") {
 						grp = name
 					}
 				}

@@ -6,9 +6,14 @@
 //
 //	FORWARD -> NETWARDEN-FORWARD   established/related and IPv6 ND return; then egress, then ingress
 //	INPUT   -> NETWARDEN-INPUT     established/related and IPv6 ND return; then egress (pod -> node)
-//	NETWARDEN-EGRESS   -m set --match-set <group members> src -g <group chain>, one rule per group
-//	NETWARDEN-INGRESS  -m set --match-set <group members> dst -g <group chain>, one rule per group
+//	NETWARDEN-EGRESS   -s <isolated local pod IP> -g <its group chain>, or -s <subprefix> -g NETWARDEN-E4-<hash>
+//	NETWARDEN-INGRESS  -d <isolated local pod IP> -g <its group chain>, or -d <subprefix> -g NETWARDEN-I4-<hash>
+//	NETWARDEN-E4/E6/I4/I6-<hash>  the same for the pods in one subprefix (a dispatch tree, 16 rules a chain at most)
 //	NETWARDEN-G-<hash> the rules of the group's policies, each ending in RETURN; then DROP
+//
+// Dispatch is a tree of address compares rather than a rule per group with an ipset lookup:
+// both are bounded by the node's pods, but a compare costs far less than a set lookup, and a
+// tree of fanout 16 crosses about 16 of them per direction.
 //
 // An allowed packet returns to the built-in chain rather than being accepted, as an accept in
 // the nftables table leaves other tables to judge it too: egress allowed still meets ingress,
@@ -23,6 +28,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"sort"
@@ -81,10 +87,7 @@ func famDigit(fam int) string {
 
 // Names derived from Ruleset names: the kind and family are spelled out, the Ruleset name is
 // hashed, so names are deterministic and short whatever the namespace and policy names.
-func groupChain(group string) string { return groupPrefix + hashOf(group) }
-func groupSet(group string, fam int) string {
-	return SetPrefix + "g" + famDigit(fam) + "-" + hashOf(group)
-}
+func groupChain(group string) string     { return groupPrefix + hashOf(group) }
 func podSet(name string, fam int) string { return SetPrefix + "p" + famDigit(fam) + "-" + hashOf(name) }
 func cidrSet(name string, fam int) string {
 	return SetPrefix + "c" + famDigit(fam) + "-" + hashOf(name)
@@ -228,38 +231,44 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		r.Chains[fam][chainIngress] = nil
 	}
 
-	// Group members, per group and family.
-	members := map[string][2][]netip.Addr{}
+	// Which families each group has pods in: a group chain exists only where a dispatch
+	// rule leads to it.
+	used := map[string][2]bool{}
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+		kind, flag := "I", "-d"
+		root := chainIngress
+		if dir == policy.Egress {
+			kind, flag, root = "E", "-s", chainEgress
+		}
+		var leaves [2][]dispatchLeaf
 		for ip, grp := range rs.Dispatch[dir] {
-			m := members[grp]
 			fam := v4
 			if ip.Is6() {
 				fam = v6
 			}
-			m[fam] = append(m[fam], ip)
-			members[grp] = m
+			leaves[fam] = append(leaves[fam], dispatchLeaf{ip: ip, chain: r.name(groupChain(grp), grp)})
+			u := used[grp]
+			u[fam] = true
+			used[grp] = u
+		}
+		for fam := range leaves {
+			sort.Slice(leaves[fam], func(a, b int) bool { return leaves[fam][a].ip.Less(leaves[fam][b].ip) })
+			var all netip.Prefix
+			if fam == v6 {
+				all = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+			} else {
+				all = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+			}
+			r.dispatchTree(fam, root, kind+famDigit(fam), flag, all, leaves[fam])
 		}
 	}
 	for _, name := range sortedKeys(rs.Groups) {
 		g := rs.Groups[name]
-		dispatch, match := chainIngress, "dst"
-		if g.Direction == policy.Egress {
-			dispatch, match = chainEgress, "src"
-		}
 		for fam := range r.Chains {
-			ips := members[name][fam]
-			if len(ips) == 0 {
-				continue // no pod of this family: no rule, set or chain for it
+			if !used[name][fam] {
+				continue // no pod of this family: no chain for it
 			}
-			setName := r.name(groupSet(name, fam), name)
-			chain := r.name(groupChain(name), name)
-			elems := map[string]bool{}
-			for _, ip := range ips {
-				elems[ip.String()] = true
-			}
-			r.Sets[setName] = &ipset{typ: "hash:ip", v6: fam == v6, count: len(elems), members: elems}
-			r.Chains[fam][dispatch] = append(r.Chains[fam][dispatch], fmt.Sprintf("-m set --match-set %s %s -g %s", setName, match, chain))
+			chain := groupChain(name)
 			var rules []string
 			for _, p := range g.Policies {
 				pr, ok := rs.Policies[p]
@@ -334,6 +343,74 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		}
 	}
 	return r
+}
+
+// dispatchChain names the dispatch chain for a subprefix; kind is E or I and the family digit.
+func dispatchChain(kind string, p netip.Prefix) string {
+	return ChainPrefix + kind + "-" + hashOf(p.String())[:maxChainName-len(ChainPrefix)-len(kind)-1]
+}
+
+// dispatchFanout is how many rules a dispatch chain holds at most.
+const dispatchFanout = 16
+
+type dispatchLeaf struct {
+	ip    netip.Addr
+	chain string
+}
+
+// dispatchTree writes the dispatch chain for the pods in prefix: up to dispatchFanout of them
+// as one rule each ("-s IP -g group"), more as up to 16 subprefixes (the next four bits after
+// the pods' common prefix), each with its own chain. A packet crosses a few cheap address
+// compares per level, and a node's pods, whose addresses share a pod CIDR, need at most two
+// levels; a chain's content depends only on the pods in its prefix, so a change rewrites one
+// small chain. Entries are sorted by address.
+func (r *Rendered) dispatchTree(fam int, chain, kind, flag string, prefix netip.Prefix, leaves []dispatchLeaf) {
+	bits := addrBits(fam)
+	if len(leaves) <= dispatchFanout {
+		rules := make([]string, 0, len(leaves))
+		for _, l := range leaves {
+			rules = append(rules, fmt.Sprintf("%s %s -g %s", flag, netip.PrefixFrom(l.ip, bits), l.chain))
+		}
+		r.Chains[fam][chain] = rules
+		return
+	}
+	common := commonBits(leaves[0].ip, leaves[len(leaves)-1].ip)
+	split := min(max(common, prefix.Bits())+4, bits)
+	var rules []string
+	for start := 0; start < len(leaves); {
+		sub := netip.PrefixFrom(leaves[start].ip, split).Masked()
+		end := start + 1
+		for end < len(leaves) && sub.Contains(leaves[end].ip) {
+			end++
+		}
+		if end-start == 1 {
+			rules = append(rules, fmt.Sprintf("%s %s -g %s", flag, netip.PrefixFrom(leaves[start].ip, bits), leaves[start].chain))
+		} else {
+			child := r.name(dispatchChain(kind, sub), kind+" "+sub.String())
+			rules = append(rules, fmt.Sprintf("%s %s -g %s", flag, sub, child))
+			r.dispatchTree(fam, child, kind, flag, sub, leaves[start:end])
+		}
+		start = end
+	}
+	r.Chains[fam][chain] = rules
+}
+
+func addrBits(fam int) int {
+	if fam == v6 {
+		return 128
+	}
+	return 32
+}
+
+// commonBits is the length of the longest prefix a and b share.
+func commonBits(a, b netip.Addr) int {
+	as, bs := a.AsSlice(), b.AsSlice()
+	for i := range as {
+		if x := as[i] ^ bs[i]; x != 0 {
+			return i*8 + bits.LeadingZeros8(x)
+		}
+	}
+	return len(as) * 8
 }
 
 // namedPortProto recovers the protocol of a named-port set from its Ruleset name

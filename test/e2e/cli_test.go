@@ -14,18 +14,26 @@ import (
 	"github.com/netwarden/netwarden/internal/testbed"
 )
 
+// denyWorld is a namespace x with pods a and b, a denied all ingress, written to the manifests
+// but with no agent running.
+func denyWorld(t *testing.T, be backend, v6 bool) *world {
+	t.Helper()
+	w := newWorld(t, be, testbed.Routed, true, v6)
+	w.addNamespace("x", map[string]string{"ns": "x"})
+	w.addPod(t, "x", "a", map[string]string{"pod": "a"})
+	w.addPod(t, "x", "b", map[string]string{"pod": "b"})
+	w.policies["x/deny"] = netpol("x", "deny", sel("pod", "a"))
+	if err := w.sim.SetState(w.objects()...); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
 // TestCommands covers render, agent --once, cleanup and flag errors with the real binary.
 func TestCommands(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, allBackends, func(t *testing.T, be backend) {
-		w := newWorld(t, be, testbed.Routed, true, false)
-		w.addNamespace("x", map[string]string{"ns": "x"})
-		w.addPod(t, "x", "a", map[string]string{"pod": "a"})
-		w.addPod(t, "x", "b", map[string]string{"pod": "b"})
-		w.policies["x/deny"] = netpol("x", "deny", sel("pod", "a"))
-		if err := w.sim.SetState(w.objects()...); err != nil {
-			t.Fatal(err)
-		}
+		w := denyWorld(t, be, false)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		blocked := func() bool { return !tcpProbe(w, "x/b", "x/a", 80) }
@@ -123,11 +131,7 @@ func TestHealthAndMetrics(t *testing.T) {
 		// A change after ready gives the programming-latency histogram a sample.
 		w.pods["x/b"].Labels["pod"] = "a"
 		w.apply(t)
-		status, body := httpGet(w, addr, "/metrics")
-		if status != http.StatusOK {
-			t.Fatalf("/metrics = %d", status)
-		}
-		for _, want := range []string{
+		wants := []string{
 			`netwarden_sync_duration_seconds_count{backend="` + be.name + `",sync="full"} 1`,
 			`netwarden_sync_duration_seconds_count{backend="` + be.name + `",sync="partial"}`,
 			`netwarden_programming_latency_seconds_count`,
@@ -137,10 +141,31 @@ func TestHealthAndMetrics(t *testing.T) {
 			`netwarden_local_pods_selected 2`,
 			`netwarden_policies_selecting_local_pods 1`,
 			`netwarden_kernel_objects{backend="` + be.name + `",kind="chains"}`,
-		} {
-			if !strings.Contains(body, want) {
-				t.Errorf("/metrics lacks %q", want)
+		}
+		// The sync count that apply waits for also counts the watcher's "no change" for the
+		// temporary file, so the change itself may land a moment later: poll for it.
+		var status int
+		var body string
+		var missing []string
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			status, body = httpGet(w, addr, "/metrics")
+			missing = nil
+			for _, want := range wants {
+				if !strings.Contains(body, want) {
+					missing = append(missing, want)
+				}
 			}
+			if status == http.StatusOK && len(missing) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if status != http.StatusOK {
+			t.Fatalf("/metrics = %d", status)
+		}
+		for _, want := range missing {
+			t.Errorf("/metrics lacks %q", want)
 		}
 		if strings.Contains(body, `netwarden_programming_latency_seconds_count 0`) {
 			t.Error("programming latency has no sample after a change")

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -277,4 +278,74 @@ func lineDiff(a, b string) string {
 	}
 	sort.Strings(out)
 	return strings.Join(out, "\n")
+}
+
+// TestAutoBackend: --backend auto takes nftables where nft works, else iptables-nft, else
+// iptables-legacy, and says which; each choice enforces. Hosts without nft or iptables-nft are
+// made by running the agent with a PATH that lacks them.
+func TestAutoBackend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := denyWorld(t, nftablesBackend, true)
+	bin, err := simnode.AgentBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		want    string
+		without []string // commands hidden from the agent
+	}{
+		{"nftables", nil},
+		{"iptables-nft", []string{"nft"}},
+		{"iptables-legacy", []string{"nft", "iptables-nft", "ip6tables-nft", "iptables-nft-save", "ip6tables-nft-save", "iptables-nft-restore", "ip6tables-nft-restore"}},
+	} {
+		path := pathWithout(t, tc.without)
+		out, err := exec.CommandContext(ctx, "ip", "netns", "exec", w.sim.Bed.NodeNetNSName(), "env", "-i", "PATH="+path,
+			bin, "agent", "--once", "--backend", "auto", "--health-addr", "", "--manifests", w.sim.Dir, "--node-name", w.sim.NodeName).CombinedOutput()
+		if err != nil {
+			t.Fatalf("auto without %v: %v\n%s", tc.without, err, out)
+		}
+		if !strings.Contains(string(out), `msg="backend selected" backend=`+tc.want) {
+			t.Fatalf("auto without %v: want %s selected:\n%s", tc.without, tc.want, out)
+		}
+		if tcpProbe(w, "x/b", "x/a", 80) {
+			t.Fatalf("auto on %s did not enforce", tc.want)
+		}
+		if out, err := w.sim.RunAgent(ctx, "cleanup"); err != nil {
+			t.Fatalf("cleanup: %v\n%s", err, out)
+		}
+		if left := ourObjects(ctx, t, w.sim.Bed); len(left) > 0 {
+			t.Fatalf("cleanup after %s left:\n%s", tc.want, strings.Join(left, "\n"))
+		}
+	}
+}
+
+// pathWithout returns a PATH directory holding links to every command of the usual PATH
+// except the hidden ones.
+func pathWithout(t *testing.T, hidden []string) string {
+	t.Helper()
+	dir := t.TempDir()
+	skip := map[string]bool{}
+	for _, h := range hidden {
+		skip[h] = true
+	}
+	for _, d := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
+		entries, err := os.ReadDir(d)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			dst := filepath.Join(dir, e.Name())
+			if skip[e.Name()] {
+				continue
+			}
+			if _, err := os.Lstat(dst); err == nil {
+				continue // an earlier PATH entry wins
+			}
+			if err := os.Symlink(filepath.Join(d, e.Name()), dst); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return dir
 }

@@ -1,0 +1,124 @@
+package iptables
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+// walk follows a packet from ip through the dispatch chains the way the kernel would: the
+// first rule whose address matches decides where it goes. It returns the group chain reached,
+// or "" when the address falls through (not isolated), and how many rules it crossed.
+func walk(t *testing.T, chains map[string][]string, root string, ip netip.Addr) (string, int) {
+	t.Helper()
+	chain, crossed := root, 0
+	for depth := 0; depth < 40; depth++ {
+		next := ""
+		for _, rule := range chains[chain] {
+			crossed++
+			f := strings.Fields(rule) // -s|-d PREFIX -g CHAIN
+			if len(f) != 4 || f[2] != "-g" {
+				t.Fatalf("%s: unexpected dispatch rule %q", chain, rule)
+			}
+			if netip.MustParsePrefix(f[1]).Contains(ip) {
+				next = f[3]
+				break
+			}
+		}
+		if next == "" {
+			return "", crossed
+		}
+		if strings.HasPrefix(next, groupPrefix) {
+			return next, crossed
+		}
+		chain = next
+	}
+	t.Fatalf("dispatch of %s does not end", ip)
+	return "", 0
+}
+
+func TestDispatchTree(t *testing.T) {
+	rs := policy.NewRuleset()
+	want := map[netip.Addr]string{}
+	add := func(ip netip.Addr, i int) {
+		grp := fmt.Sprintf("grp-ingress-%d", i%7)
+		rs.Dispatch[policy.Ingress][ip] = grp
+		rs.Groups[grp] = policy.Group{Direction: policy.Ingress}
+		want[ip] = groupChain(grp)
+	}
+	i := 0
+	for b := 0; b < 250; b++ { // a node's /24, nearly full
+		add(netip.AddrFrom4([4]byte{10, 244, 3, byte(b)}), i)
+		i++
+	}
+	for _, s := range []string{"10.0.0.1", "192.0.2.9", "10.244.4.1", "fd00::1", "fd00::2", "fd00:1::5", "2001:db8::1"} {
+		add(netip.MustParseAddr(s), i)
+		i++
+	}
+	for b := 0; b < 40; b++ {
+		add(netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 15: byte(b)}), i)
+		i++
+	}
+	r := Render(rs)
+	if r.Err() != nil {
+		t.Fatal(r.Err())
+	}
+	maxCrossed := 0
+	for ip, grp := range want {
+		fam := v4
+		if ip.Is6() {
+			fam = v6
+		}
+		got, crossed := walk(t, r.Chains[fam], chainIngress, ip)
+		if got != grp {
+			t.Errorf("%s dispatched to %q, want %s", ip, got, grp)
+		}
+		maxCrossed = max(maxCrossed, crossed)
+	}
+	for _, miss := range []string{"10.244.3.251", "10.244.5.1", "fd00::3", "8.8.8.8"} {
+		ip := netip.MustParseAddr(miss)
+		fam := v4
+		if ip.Is6() {
+			fam = v6
+		}
+		if got, _ := walk(t, r.Chains[fam], chainIngress, ip); got != "" {
+			t.Errorf("%s is not isolated but dispatched to %s", ip, got)
+		}
+	}
+	for fam := range r.Chains {
+		for name, rules := range r.Chains[fam] {
+			if len(name) > maxChainName {
+				t.Errorf("chain name %s too long", name)
+			}
+			if (name == chainIngress || strings.HasPrefix(name, ChainPrefix+"I")) && len(rules) > dispatchFanout {
+				t.Errorf("dispatch chain %s has %d rules", name, len(rules))
+			}
+		}
+	}
+	// 250 pods in a /24: a root of 16 subprefixes, then at most 16 pods each.
+	if maxCrossed > 2*dispatchFanout+4 {
+		t.Errorf("a packet crosses up to %d dispatch rules", maxCrossed)
+	}
+}
+
+// TestNames: every kernel name fits its limit, is the same for the same Ruleset name, and
+// names that differ only in what a cut would drop stay distinct.
+func TestNames(t *testing.T) {
+	long := strings.Repeat("n", 63) + "/" + strings.Repeat("p", 200)
+	for _, n := range []string{groupChain("grp-ingress-" + long), dispatchChain("E6", netip.MustParsePrefix("fd00::/64"))} {
+		if len(n) > maxChainName {
+			t.Errorf("chain %s: %d > %d", n, len(n), maxChainName)
+		}
+	}
+	for _, n := range []string{podSet(long, v6), cidrSet(long, v4), portSet("port-"+strings.Repeat("x", 15)+"-sctp", v6), swapSet} {
+		if len(n) > maxSetName {
+			t.Errorf("set %s: %d > %d", n, len(n), maxSetName)
+		}
+	}
+	if podSet(long+"a", v4) == podSet(long+"b", v4) || podSet("x", v4) == podSet("x", v6) || podSet("x", v4) != podSet("x", v4) {
+		t.Error("set names are not deterministic and distinct")
+	}
+}
