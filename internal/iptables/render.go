@@ -8,12 +8,12 @@
 //	INPUT   -> NETWARDEN-INPUT     established/related and IPv6 ND return; then egress (pod -> node)
 //	NETWARDEN-EGRESS   -s <isolated local pod IP> -g <its group chain>, or -s <subprefix> -g NETWARDEN-E4-<hash>
 //	NETWARDEN-INGRESS  -d <isolated local pod IP> -g <its group chain>, or -d <subprefix> -g NETWARDEN-I4-<hash>
-//	NETWARDEN-E4/E6/I4/I6-<hash>  the same for the pods in one subprefix (a dispatch tree, 16 rules a chain at most)
+//	NETWARDEN-E4/E6/I4/I6-<hash>  the same for the pods of one block of 16 addresses
 //	NETWARDEN-G-<hash> the rules of the group's policies, each ending in RETURN; then DROP
 //
 // Dispatch is a tree of address compares rather than a rule per group with an ipset lookup:
-// both are bounded by the node's pods, but a compare costs far less than a set lookup, and a
-// tree of fanout 16 crosses about 16 of them per direction.
+// both are bounded by the node's pods, but a compare costs far less than a set lookup, and the
+// two-level tree crosses a few dozen of them per direction at most.
 //
 // An allowed packet returns to the built-in chain rather than being accepted, as an accept in
 // the nftables table leaves other tables to judge it too: egress allowed still meets ingress,
@@ -28,7 +28,6 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
-	"math/bits"
 	"net/netip"
 	"slices"
 	"sort"
@@ -253,13 +252,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		}
 		for fam := range leaves {
 			sort.Slice(leaves[fam], func(a, b int) bool { return leaves[fam][a].ip.Less(leaves[fam][b].ip) })
-			var all netip.Prefix
-			if fam == v6 {
-				all = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
-			} else {
-				all = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
-			}
-			r.dispatchTree(fam, root, kind+famDigit(fam), flag, all, leaves[fam])
+			r.dispatchTree(fam, root, kind+famDigit(fam), flag, leaves[fam])
 		}
 	}
 	for _, name := range sortedKeys(rs.Groups) {
@@ -350,49 +343,41 @@ func dispatchChain(kind string, p netip.Prefix) string {
 	return ChainPrefix + kind + "-" + hashOf(p.String())[:maxChainName-len(ChainPrefix)-len(kind)-1]
 }
 
-// dispatchFanout is how many rules a dispatch chain holds at most.
-const dispatchFanout = 16
-
 type dispatchLeaf struct {
 	ip    netip.Addr
 	chain string
 }
 
-// dispatchTree writes the dispatch chain for the pods in prefix: up to dispatchFanout of them
-// as one rule each ("-s IP -g group"), more as up to 16 subprefixes (the next four bits after
-// the pods' common prefix), each with its own chain. A packet crosses a few cheap address
-// compares per level, and a node's pods, whose addresses share a pod CIDR, need at most two
-// levels; a chain's content depends only on the pods in its prefix, so a change rewrites one
-// small chain. Entries are sorted by address.
-func (r *Rendered) dispatchTree(fam int, chain, kind, flag string, prefix netip.Prefix, leaves []dispatchLeaf) {
+// dispatchTree writes the dispatch chain of one direction and family, a two-level tree: one
+// rule per occupied block of 16 addresses ("-s <block> -g <block chain>", or straight to the
+// group when the block holds one pod), and in each block chain one rule per pod ("-s IP -g
+// group"). A node's pods come from its pod CIDR, so a packet crosses a few dozen cheap address
+// compares at most. The blocks are fixed by the addresses, not by which pods exist, so a pod
+// added or removed rewrites its block's chain and at most the root. Entries are sorted.
+func (r *Rendered) dispatchTree(fam int, root, kind, flag string, leaves []dispatchLeaf) {
 	bits := addrBits(fam)
-	if len(leaves) <= dispatchFanout {
-		rules := make([]string, 0, len(leaves))
-		for _, l := range leaves {
-			rules = append(rules, fmt.Sprintf("%s %s -g %s", flag, netip.PrefixFrom(l.ip, bits), l.chain))
-		}
-		r.Chains[fam][chain] = rules
-		return
-	}
-	common := commonBits(leaves[0].ip, leaves[len(leaves)-1].ip)
-	split := min(max(common, prefix.Bits())+4, bits)
-	var rules []string
+	rule := func(p netip.Prefix, target string) string { return fmt.Sprintf("%s %s -g %s", flag, p, target) }
+	rules := []string{}
 	for start := 0; start < len(leaves); {
-		sub := netip.PrefixFrom(leaves[start].ip, split).Masked()
+		block := netip.PrefixFrom(leaves[start].ip, bits-4).Masked()
 		end := start + 1
-		for end < len(leaves) && sub.Contains(leaves[end].ip) {
+		for end < len(leaves) && block.Contains(leaves[end].ip) {
 			end++
 		}
 		if end-start == 1 {
-			rules = append(rules, fmt.Sprintf("%s %s -g %s", flag, netip.PrefixFrom(leaves[start].ip, bits), leaves[start].chain))
+			rules = append(rules, rule(netip.PrefixFrom(leaves[start].ip, bits), leaves[start].chain))
 		} else {
-			child := r.name(dispatchChain(kind, sub), kind+" "+sub.String())
-			rules = append(rules, fmt.Sprintf("%s %s -g %s", flag, sub, child))
-			r.dispatchTree(fam, child, kind, flag, sub, leaves[start:end])
+			child := r.name(dispatchChain(kind, block), kind+" "+block.String())
+			rules = append(rules, rule(block, child))
+			inner := make([]string, 0, end-start)
+			for _, l := range leaves[start:end] {
+				inner = append(inner, rule(netip.PrefixFrom(l.ip, bits), l.chain))
+			}
+			r.Chains[fam][child] = inner
 		}
 		start = end
 	}
-	r.Chains[fam][chain] = rules
+	r.Chains[fam][root] = rules
 }
 
 func addrBits(fam int) int {
@@ -400,17 +385,6 @@ func addrBits(fam int) int {
 		return 128
 	}
 	return 32
-}
-
-// commonBits is the length of the longest prefix a and b share.
-func commonBits(a, b netip.Addr) int {
-	as, bs := a.AsSlice(), b.AsSlice()
-	for i := range as {
-		if x := as[i] ^ bs[i]; x != 0 {
-			return i*8 + bits.LeadingZeros8(x)
-		}
-	}
-	return len(as) * 8
 }
 
 // namedPortProto recovers the protocol of a named-port set from its Ruleset name

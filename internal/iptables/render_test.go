@@ -3,6 +3,7 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -93,14 +94,27 @@ func TestDispatchTree(t *testing.T) {
 			if len(name) > maxChainName {
 				t.Errorf("chain name %s too long", name)
 			}
-			if (name == chainIngress || strings.HasPrefix(name, ChainPrefix+"I")) && len(rules) > dispatchFanout {
-				t.Errorf("dispatch chain %s has %d rules", name, len(rules))
+			if (strings.HasPrefix(name, ChainPrefix+"I4-") || strings.HasPrefix(name, ChainPrefix+"I6-")) && len(rules) > 16 {
+				t.Errorf("block chain %s has %d rules", name, len(rules))
 			}
 		}
 	}
-	// 250 pods in a /24: a root of 16 subprefixes, then at most 16 pods each.
-	if maxCrossed > 2*dispatchFanout+4 {
+	// 250 pods in a /24 and a few elsewhere: 16 blocks plus 3 lone pods, then 16 pods a block.
+	if maxCrossed > 19+16 {
 		t.Errorf("a packet crosses up to %d dispatch rules", maxCrossed)
+	}
+
+	// One more pod in an occupied block rewrites that block's chain, nothing else.
+	add(netip.AddrFrom4([4]byte{10, 244, 3, 251}), 3)
+	r2 := Render(rs)
+	var changed []string
+	for name, rules := range r2.Chains[v4] {
+		if !slices.Equal(rules, r.Chains[v4][name]) {
+			changed = append(changed, name)
+		}
+	}
+	if len(changed) != 1 || !strings.HasPrefix(changed[0], ChainPrefix+"I4-") || len(r2.Chains[v4]) != len(r.Chains[v4]) {
+		t.Errorf("one pod added changed chains %v (%d chains, were %d)", changed, len(r2.Chains[v4]), len(r.Chains[v4]))
 	}
 }
 
