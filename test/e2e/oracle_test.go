@@ -57,8 +57,16 @@ func newWorld(t *testing.T, be backend, topo testbed.Topology, v4, v6 bool) *wor
 			t.Errorf("closing test bed: %v", err)
 		}
 	})
+	// The agent's own Node, with its podCIDRs, as in a real cluster: masquerade (on by default)
+	// keeps pod-to-pod traffic between the podCIDRs of all Nodes unmasqueraded.
+	local := &corev1.Node{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: metav1.ObjectMeta{Name: sim.NodeName}}
+	for _, p := range []netip.Prefix{sim.Bed.Config().PodCIDRv4, sim.Bed.Config().PodCIDRv6} {
+		if p.IsValid() {
+			local.Spec.PodCIDRs = append(local.Spec.PodCIDRs, p.String())
+		}
+	}
 	return &world{sim: sim, namespaces: map[string]*corev1.Namespace{}, pods: map[string]*corev1.Pod{},
-		tpods: map[string]*testbed.Pod{}, policies: map[string]*networkingv1.NetworkPolicy{}, nodes: map[string]*corev1.Node{},
+		tpods: map[string]*testbed.Pod{}, policies: map[string]*networkingv1.NetworkPolicy{}, nodes: map[string]*corev1.Node{sim.NodeName: local},
 		be: be}
 }
 
