@@ -25,6 +25,10 @@ type Config struct {
 	Source   cluster.Source
 	// Policy is the NetworkPolicy backend; nil disables NetworkPolicy enforcement.
 	Policy dataplane.PolicyBackend
+	// RetireOtherPolicyBackends, when set, removes what other NetworkPolicy backends left in the
+	// kernel (an earlier run on nftables when this one uses iptables, say). It runs after the
+	// first successful sync, so that the old rules judge traffic until the new ones do.
+	RetireOtherPolicyBackends func(context.Context) error
 	// Masquerade configures SNAT of pod traffic; nil disables it.
 	Masquerade *Masquerade
 	// ResyncPeriod is how often the kernel is checked for drift and repaired.
@@ -143,7 +147,19 @@ func (a *Agent) Once(ctx context.Context) error {
 	if err := a.cfg.Policy.Verify(ctx); err != nil {
 		return fmt.Errorf("kernel does not hold the desired state after sync: %w", err)
 	}
+	a.retire("network policy", a.cfg.RetireOtherPolicyBackends, ctx)
 	return nil
+}
+
+// retire runs a feature's clean-up of other backends' rules; a failure is reported and does not
+// stop the agent, whose own rules are in place.
+func (a *Agent) retire(feature string, fn func(context.Context) error, ctx context.Context) {
+	if fn == nil {
+		return
+	}
+	if err := fn(ctx); err != nil {
+		a.log.Warn("could not remove what another backend left in the kernel", "feature", feature, "err", err)
+	}
 }
 
 // Run syncs until ctx is cancelled. On return the kernel keeps the last applied rules, so an
@@ -219,6 +235,7 @@ func (a *Agent) policyLoop(ctx context.Context) error {
 			} else {
 				full, backoff = false, 0
 				if !a.ready.Swap(true) {
+					a.retire("network policy", a.cfg.RetireOtherPolicyBackends, ctx)
 					a.logReady()
 				}
 			}

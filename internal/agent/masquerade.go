@@ -22,6 +22,9 @@ type Masquerade struct {
 	// Config is the watched --masq-config file (or the defaults).
 	Config  *masquerade.ConfigFile
 	Options masquerade.Options
+	// RetireOthers, when set, removes the masquerade rules of other backends after the first
+	// successful sync (see Config.RetireOtherPolicyBackends).
+	RetireOthers func(context.Context) error
 }
 
 // masqLoop keeps the masquerade rules in step with the Nodes and the config file. It is
@@ -141,6 +144,7 @@ func (l *masqLoop) once(ctx context.Context) error {
 	if err := l.cfg.Backend.Verify(ctx); err != nil {
 		return fmt.Errorf("kernel does not hold the desired masquerade state after sync: %w", err)
 	}
+	l.a.retire("masquerade", l.cfg.RetireOthers, ctx)
 	return nil
 }
 
@@ -187,6 +191,7 @@ func (l *masqLoop) run(ctx context.Context) error {
 			default:
 				full, backoff = false, 0
 				if !l.ready.Swap(true) {
+					l.a.retire("masquerade", l.cfg.RetireOthers, ctx)
 					l.a.logReady()
 				}
 			}

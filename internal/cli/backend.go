@@ -87,3 +87,32 @@ func cleanupPolicy(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// retireOtherPolicyBackends returns the clean-up of what backends other than chosen left in the
+// kernel: when auto picks iptables after a host lost nft, or an operator changes --backend, the
+// old rules must not keep judging packets beside the new ones. (The iptables backend's full sync
+// already removes its rules from the other iptables variant.)
+func retireOtherPolicyBackends(chosen dataplane.PolicyBackend) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if _, isNFT := chosen.(*nftables.Backend); isNFT {
+			var errs []error
+			for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
+				if r, err := xtables.NewRunner(ctx, m); err == nil {
+					errs = append(errs, iptables.CleanupRules(ctx, r))
+				}
+			}
+			if err := errors.Join(errs...); err != nil {
+				return err
+			}
+			if _, err := xtables.IPSetNames(ctx); err != nil {
+				return nil // no ipset here, so no sets of ours either
+			}
+			return iptables.CleanupSets(ctx)
+		}
+		b, err := nftables.New()
+		if err != nil {
+			return nil // no usable nft, so no table of ours either
+		}
+		return b.Cleanup(ctx)
+	}
+}

@@ -154,6 +154,7 @@ func agentCmd() *cobra.Command {
 					return err
 				}
 				log.Info("backend selected", "backend", cfg.Policy.Name(), "requested", f.backend)
+				cfg.RetireOtherPolicyBackends = retireOtherPolicyBackends(cfg.Policy)
 			} else if err := cleanupPolicy(cmd.Context()); err != nil {
 				// Turning the feature off must not leave old rules enforcing.
 				return err

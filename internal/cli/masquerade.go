@@ -64,7 +64,23 @@ func (f *masqFlags) config(ctx context.Context, backend string, log *slog.Logger
 		return nil, err
 	}
 	log.Info("masquerade backend selected", "backend", b.Name(), "requested", backend)
-	return &agent.Masquerade{Backend: b, Config: masquerade.NewConfigFile(f.configPath, f.allReservedRanges, log), Options: opts}, nil
+	return &agent.Masquerade{Backend: b, Config: masquerade.NewConfigFile(f.configPath, f.allReservedRanges, log), Options: opts,
+		RetireOthers: retireOtherMasqueradeBackends(b)}, nil
+}
+
+// retireOtherMasqueradeBackends returns the clean-up of the masquerade rules that backends other
+// than chosen left, so that a change of backend never leaves two sets of SNAT rules.
+func retireOtherMasqueradeBackends(chosen masquerade.Backend) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if ipt, ok := chosen.(*masquerade.IPTables); ok {
+			var errs []error
+			if b, err := masquerade.NewNFTables(); err == nil {
+				errs = append(errs, b.Cleanup(ctx))
+			}
+			return errors.Join(append(errs, ipt.RetireOtherVariant(ctx))...)
+		}
+		return masquerade.NewIPTables(&xtables.Runner{Mode: xtables.ModeNFT}).Cleanup(ctx)
+	}
 }
 
 // masqueradeBackend picks the backend as the rest of the agent does: nftables when nft works

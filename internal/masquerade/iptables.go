@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"strings"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
@@ -245,8 +246,26 @@ func (b *IPTables) Verify(ctx context.Context) error {
 // Cleanup implements Backend. It removes our jump, chain and sets from both iptables variants,
 // because an earlier agent may have used the other one.
 func (b *IPTables) Cleanup(ctx context.Context) error {
+	err := CleanupIPTablesRules(ctx, xtables.ModeNFT, xtables.ModeLegacy)
+	b.applied = nil
+	return errors.Join(err, cleanupIPSets(ctx))
+}
+
+// RetireOtherVariant removes our jump and chain from the iptables variant this backend does
+// not use (an earlier run may have used it), leaving the shared ipsets to this one.
+func (b *IPTables) RetireOtherVariant(ctx context.Context) error {
+	other := xtables.ModeLegacy
+	if b.run.Mode == xtables.ModeLegacy {
+		other = xtables.ModeNFT
+	}
+	return CleanupIPTablesRules(ctx, other)
+}
+
+// CleanupIPTablesRules removes our jump and chain from the given iptables variants, both
+// families; a variant that does not work here holds nothing of ours.
+func CleanupIPTablesRules(ctx context.Context, modes ...xtables.Mode) error {
 	var errs []error
-	for _, mode := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
+	for _, mode := range modes {
 		r := &xtables.Runner{Mode: mode}
 		for _, family := range xtables.Families {
 			if _, err := r.Save(ctx, family, "nat"); err != nil {
@@ -267,9 +286,17 @@ func (b *IPTables) Cleanup(ctx context.Context) error {
 			}
 		}
 	}
+	return errors.Join(errs...)
+}
+
+func cleanupIPSets(ctx context.Context) error {
+	if _, err := exec.LookPath("ipset"); err != nil {
+		return nil // no ipset on this host, so no sets of ours
+	}
+	var errs []error
 	names, err := xtables.IPSetNames(ctx)
 	if err != nil {
-		return errors.Join(append(errs, err)...)
+		return err
 	}
 	for _, k := range setKinds {
 		for _, n := range []string{ipsetName(k), ipsetName(k) + "-tmp"} {
@@ -282,6 +309,5 @@ func (b *IPTables) Cleanup(ctx context.Context) error {
 			}
 		}
 	}
-	b.applied = nil
 	return errors.Join(errs...)
 }
