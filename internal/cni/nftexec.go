@@ -1,15 +1,15 @@
 package cni
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 
 	"sigs.k8s.io/knftables"
+
+	"github.com/netwarden/netwarden/internal/command"
 )
 
 // nftExec runs nft for one inet table. It builds transactions with knftables but runs them
@@ -32,26 +32,20 @@ func newNFTExec(table string) *nftExec {
 func (e *nftExec) tx() *knftables.Transaction { return e.tmpl.NewTransaction() }
 
 func (e *nftExec) nft(ctx context.Context, stdin string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, "nft", args...)
+	var in []byte
 	if stdin != "" {
-		cmd.Stdin = strings.NewReader(stdin)
+		in = []byte(stdin)
 	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if msg == "" {
-			msg = err.Error()
-		}
-		switch {
-		case strings.Contains(msg, "No such file or directory"):
-			return nil, fmt.Errorf("nft %s: %w: %s", strings.Join(args, " "), errNFTNotFound, msg)
-		case strings.Contains(msg, "File exists"):
-			return nil, fmt.Errorf("nft %s: %w: %s", strings.Join(args, " "), errNFTExists, msg)
-		}
-		return nil, fmt.Errorf("nft %s: %s", strings.Join(args, " "), msg)
+	out, err := command.Run(ctx, in, "nft", args...)
+	switch {
+	case err == nil:
+		return out, nil
+	case strings.Contains(err.Error(), "No such file or directory"):
+		return nil, fmt.Errorf("%w (%w)", err, errNFTNotFound)
+	case strings.Contains(err.Error(), "File exists"):
+		return nil, fmt.Errorf("%w (%w)", err, errNFTExists)
 	}
-	return stdout.Bytes(), nil
+	return nil, err
 }
 
 // run applies tx as one nft transaction.

@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os/exec"
 	"slices"
 	"strings"
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/netwarden/netwarden/internal/command"
 	"github.com/netwarden/netwarden/internal/dataplane"
 )
 
@@ -206,12 +206,8 @@ func size(d *Desired) dataplane.Size {
 // listRanges lists an interval set's elements. knftables' ListElements does not parse ranges
 // ("a-b" elements, which merged CIDRs become), so this reads nft's JSON itself.
 func listRanges(ctx context.Context, set string) ([]Range, error) {
-	out, err := exec.CommandContext(ctx, "nft", "--json", "list", "set", "inet", NFTablesTable, set).Output()
+	out, err := command.Run(ctx, nil, "nft", "--json", "list", "set", "inet", NFTablesTable, set)
 	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(string(ee.Stderr)))
-		}
 		return nil, err
 	}
 	var doc struct {

@@ -9,9 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/netwarden/netwarden/internal/command"
 )
 
 // Mode is the iptables variant: the nf_tables-based one or the legacy x_tables one. They keep
@@ -160,20 +161,7 @@ func IPSetMembers(ctx context.Context, name string) ([]string, error) {
 }
 
 func run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if msg == "" {
-			msg = err.Error()
-		}
-		return nil, fmt.Errorf("%s %s: %s", name, strings.Join(args, " "), msg)
-	}
-	return stdout.Bytes(), nil
+	return command.Run(ctx, stdin, name, args...)
 }
 
 // numbered prefixes each line with its number, because restore errors cite line numbers.
