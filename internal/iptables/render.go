@@ -399,38 +399,24 @@ func namedPortProto(name string) string {
 // lists are produced lazily.
 func renderPair[T any, P comparable](typ string, src any, prev P, hasBase bool, base [2]*ipset,
 	all, added, removed []T, is6 func(T) bool, format func(T) string) [2]*ipset {
+	var prevCount [2]int
+	if hasBase {
+		prevCount = [2]int{base[0].count, base[1].count}
+	}
+	views := policy.SplitByFamily(all, added, removed, hasBase, prevCount, is6, format)
 	var pair [2]*ipset
-	for fam := range pair {
-		isV6 := fam == v6
-		s := &ipset{typ: typ, v6: isV6, src: src}
+	for fam, v := range views {
+		s := &ipset{typ: typ, v6: fam == v6, src: src, count: v.Count}
 		s.materialize = func() map[string]bool {
 			m := map[string]bool{}
-			for _, v := range all {
-				if is6(v) == isV6 {
-					m[format(v)] = true
-				}
+			for _, e := range v.Members() {
+				m[e] = true
 			}
 			return m
 		}
 		if hasBase {
 			s.base = any(prev)
-			for _, v := range added {
-				if is6(v) == isV6 {
-					s.added = append(s.added, format(v))
-				}
-			}
-			for _, v := range removed {
-				if is6(v) == isV6 {
-					s.removed = append(s.removed, format(v))
-				}
-			}
-			s.count = base[fam].count + len(s.added) - len(s.removed)
-		} else {
-			for _, v := range all {
-				if is6(v) == isV6 {
-					s.count++
-				}
-			}
+			s.added, s.removed = v.Added, v.Removed
 		}
 		pair[fam] = s
 	}

@@ -246,38 +246,24 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 // element lists are produced lazily.
 func renderPair[T any, P comparable](types [2]string, comment string, src any, prev P, hasBase bool, base [2]*set,
 	all, added, removed []T, is6 func(T) bool, format func(T) string) [2]*set {
+	var prevCount [2]int
+	if hasBase {
+		prevCount = [2]int{base[0].count, base[1].count}
+	}
+	views := policy.SplitByFamily(all, added, removed, hasBase, prevCount, is6, format)
 	var pair [2]*set
-	for fam := 0; fam < 2; fam++ {
-		v6 := fam == 1
-		s := &set{typ: types[fam], comment: comment, src: src}
+	for fam, v := range views {
+		s := &set{typ: types[fam], comment: comment, src: src, count: v.Count}
 		s.materialize = func() map[string]string {
 			m := map[string]string{}
-			for _, v := range all {
-				if is6(v) == v6 {
-					m[format(v)] = ""
-				}
+			for _, e := range v.Members() {
+				m[e] = ""
 			}
 			return m
 		}
 		if hasBase {
 			s.base = any(prev)
-			for _, v := range added {
-				if is6(v) == v6 {
-					s.added = append(s.added, format(v))
-				}
-			}
-			for _, v := range removed {
-				if is6(v) == v6 {
-					s.removed = append(s.removed, format(v))
-				}
-			}
-			s.count = base[fam].count + len(s.added) - len(s.removed)
-		} else {
-			for _, v := range all {
-				if is6(v) == v6 {
-					s.count++
-				}
-			}
+			s.added, s.removed = v.Added, v.Removed
 		}
 		pair[fam] = s
 	}
