@@ -33,6 +33,19 @@ type setKind struct {
 	source bool
 }
 
+// name is the set's name in a backend whose source and destination sets are called src and
+// dst, with the family as suffix.
+func (k setKind) name(src, dst string) string {
+	name := dst
+	if k.source {
+		name = src
+	}
+	if k.family == 1 {
+		return name + "-v6"
+	}
+	return name + "-v4"
+}
+
 func (k setKind) ranges(d *Desired) []Range {
 	if k.source {
 		return d.Sources[k.family]

@@ -36,16 +36,7 @@ func (b *IPTables) Name() string { return "iptables-" + string(b.run.Mode) }
 
 // ipsetName names our sets "nwmasq-*": the NetworkPolicy backend owns every "netwarden-*" set
 // and removes those it does not want.
-func ipsetName(k setKind) string {
-	name := "nwmasq-nomasq-dst"
-	if k.source {
-		name = "nwmasq-src"
-	}
-	if k.family == 1 {
-		return name + "-v6"
-	}
-	return name + "-v4"
-}
+func ipsetName(k setKind) string { return k.name("nwmasq-src", "nwmasq-nomasq-dst") }
 
 func ipsetFamily(k setKind) string {
 	if k.family == 1 {

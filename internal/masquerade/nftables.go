@@ -48,16 +48,7 @@ func NewNFTablesWithInterface(nft knftables.Interface) *NFTables { return &NFTab
 // Name implements Backend.
 func (b *NFTables) Name() string { return "nftables" }
 
-func nftSetName(k setKind) string {
-	name := "nomasq-dst"
-	if k.source {
-		name = "masq-src"
-	}
-	if k.family == 1 {
-		return name + "-v6"
-	}
-	return name + "-v4"
-}
+func nftSetName(k setKind) string { return k.name("masq-src", "nomasq-dst") }
 
 func nftRules(d *Desired) []string {
 	masq := "masquerade"

@@ -243,18 +243,11 @@ func startWhoAmI(ns netns.NsHandle, addrs []netip.AddrPort) (io.Closer, error) {
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					if errors.Is(err, net.ErrClosed) {
-						return
-					}
-					time.Sleep(5 * time.Millisecond)
-					continue
-				}
+			acceptLoop(l, func(c net.Conn) bool {
 				_, _ = fmt.Fprintln(c, c.RemoteAddr().String())
 				c.Close()
-			}
+				return true
+			})
 		}()
 	}
 	return w, nil

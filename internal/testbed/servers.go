@@ -159,8 +159,9 @@ func (b *Bed) startServers(ns netns.NsHandle, ips []netip.Addr) (*servers, error
 	return s, nil
 }
 
-func (s *servers) serveTCP(l net.Listener) {
-	defer s.wg.Done()
+// acceptLoop hands every connection l accepts to handle, until l is closed or handle returns
+// false. A transient accept error (too many open files) is retried.
+func acceptLoop(l net.Listener, handle func(net.Conn) bool) {
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -170,9 +171,18 @@ func (s *servers) serveTCP(l net.Listener) {
 			time.Sleep(5 * time.Millisecond)
 			continue
 		}
+		if !handle(c) {
+			return
+		}
+	}
+}
+
+func (s *servers) serveTCP(l net.Listener) {
+	defer s.wg.Done()
+	acceptLoop(l, func(c net.Conn) bool {
 		if !s.trackConn(c) {
 			c.Close()
-			return
+			return false
 		}
 		s.wg.Add(1)
 		go func() {
@@ -186,7 +196,8 @@ func (s *servers) serveTCP(l net.Listener) {
 			}
 			_, _ = c.Write(buf)
 		}()
-	}
+		return true
+	})
 }
 
 func (s *servers) serveUDP(c *net.UDPConn) {
