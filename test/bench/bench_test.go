@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/synth"
@@ -161,55 +162,64 @@ func BenchmarkIncremental(b *testing.B) {
 		base := synth.Generate(spec)
 		for _, ch := range changes {
 			b.Run(fmt.Sprintf("scale=%dx/%s", k, ch.name), func(b *testing.B) {
-				bed := newBed(b)
-				var latencies []time.Duration
-				var ops []int
-				inNode(b, bed, func() error {
-					be, err := nftables.New()
-					if err != nil {
-						return err
-					}
-					c := policy.NewCompiler(spec.LocalNode)
-					rs, _ := c.Compile(base)
-					if _, err := be.FullSync(context.Background(), rs); err != nil {
-						return err
-					}
-					// A fixed number of changes per run, so that `-benchtime 1x` still
-					// yields percentiles.
-					for b.Loop() {
-						for i := 1; i <= incrementalChanges; i++ {
-							next := base.Clone()
-							ch.apply(next, i)
-							start := time.Now()
-							rs, _ := c.Compile(next)
-							res, err := be.Sync(context.Background(), rs)
-							if err != nil {
-								return err
-							}
-							latencies = append(latencies, time.Since(start))
-							ops = append(ops, res.Operations)
-							if res.Full {
-								return fmt.Errorf("incremental sync fell back to a full one: %s", res.Fallback)
-							}
-							b.StopTimer()
-							rs, _ = c.Compile(base)
-							if _, err := be.Sync(context.Background(), rs); err != nil {
-								return err
-							}
-							b.StartTimer()
-						}
-					}
-					return be.Verify(context.Background())
-				})
-				slices.Sort(latencies)
-				slices.Sort(ops)
-				b.ReportMetric(ms(latencies[len(latencies)/2]), "p50-ms")
-				b.ReportMetric(ms(latencies[len(latencies)*99/100]), "p99-ms")
-				b.ReportMetric(float64(ops[len(ops)/2]), "p50-tx-ops")
-				b.ReportMetric(float64(ops[len(ops)-1]), "max-tx-ops")
+				benchIncremental(b, spec.LocalNode, base, ch, func() (dataplane.PolicyBackend, error) { return nftables.New() })
 			})
 		}
 	}
+}
+
+// benchIncremental loads base into a fresh node through the backend newBackend makes, then
+// applies each change to the kernel and back, reporting the latency of the change (compile,
+// render, diff and one transaction) and the size of its transaction.
+func benchIncremental(b *testing.B, node string, base *cluster.State, ch change, newBackend func() (dataplane.PolicyBackend, error)) {
+	bed := newBed(b)
+	var latencies []time.Duration
+	var ops []int
+	inNode(b, bed, func() error {
+		be, err := newBackend()
+		if err != nil {
+			return err
+		}
+		c := policy.NewCompiler(node)
+		rs, _ := c.Compile(base)
+		if _, err := be.FullSync(context.Background(), rs); err != nil {
+			return err
+		}
+		// A fixed number of changes per run, so that `-benchtime 1x` still yields percentiles.
+		for b.Loop() {
+			for i := 1; i <= incrementalChanges; i++ {
+				next := base.Clone()
+				ch.apply(next, i)
+				start := time.Now()
+				rs, _ := c.Compile(next)
+				res, err := be.Sync(context.Background(), rs)
+				if err != nil {
+					return err
+				}
+				latencies = append(latencies, time.Since(start))
+				ops = append(ops, res.Operations)
+				if res.Full {
+					return fmt.Errorf("incremental sync fell back to a full one: %s", res.Fallback)
+				}
+				b.StopTimer()
+				rs, _ = c.Compile(base)
+				if _, err := be.Sync(context.Background(), rs); err != nil {
+					return err
+				}
+				b.StartTimer()
+			}
+		}
+		if err := be.Verify(context.Background()); err != nil {
+			return err
+		}
+		return be.Cleanup(context.Background())
+	})
+	slices.Sort(latencies)
+	slices.Sort(ops)
+	b.ReportMetric(ms(latencies[len(latencies)/2]), "p50-ms")
+	b.ReportMetric(ms(latencies[len(latencies)*99/100]), "p99-ms")
+	b.ReportMetric(float64(ops[len(ops)/2]), "p50-tx-ops")
+	b.ReportMetric(float64(ops[len(ops)-1]), "max-tx-ops")
 }
 
 // BenchmarkConnRate measures new TCP connections per second from a client pod to a server pod
