@@ -8,23 +8,31 @@ import (
 	gnft "github.com/google/nftables"
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
+
+	"github.com/netwarden/netwarden/internal/nftnl"
 )
 
 // nftNetlink reads and deletes our rules over netlink: listing a bucket and deleting an
 // attachment then costs no nft process (whose start-up is most of a small change's latency),
 // and the deletions go to the kernel as one batch, one transaction.
+//
+// Every nftNetlink of a store shares the store's one socket (nftnl.Conn). A socket per
+// operation would be closed right after a deleting commit, and that close waits out an RCU
+// grace period; on the shared socket the wait overlaps the invocation's remaining work (the
+// conntrack flush of DEL) and is paid at most once, when the plugin exits.
 type nftNetlink struct {
-	conn  *gnft.Conn
-	table *gnft.Table
-	batch int
+	shared *nftnl.Conn
+	conn   *gnft.Conn
+	table  *gnft.Table
+	batch  int
 }
 
-func newNFTNetlink(table string) (*nftNetlink, error) {
-	conn, err := gnft.New()
+func newNFTNetlink(shared *nftnl.Conn, table string) (*nftNetlink, error) {
+	conn, err := shared.Get()
 	if err != nil {
-		return nil, fmt.Errorf("nftables netlink: %w", err)
+		return nil, err
 	}
-	return &nftNetlink{conn: conn, table: &gnft.Table{Name: table, Family: gnft.TableFamilyINet}}, nil
+	return &nftNetlink{shared: shared, conn: conn, table: &gnft.Table{Name: table, Family: gnft.TableFamilyINet}}, nil
 }
 
 func (n *nftNetlink) chain(name string) *gnft.Chain { return &gnft.Chain{Name: name, Table: n.table} }
@@ -78,6 +86,7 @@ func (n *nftNetlink) commit() error {
 	}
 	n.batch = 0
 	if err := n.conn.Flush(); err != nil {
+		n.shared.Reset()
 		if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory") {
 			return fmt.Errorf("nftables netlink: %w: %v", errNFTNotFound, err)
 		}

@@ -10,6 +10,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"sigs.k8s.io/knftables"
+
+	"github.com/netwarden/netwarden/internal/nftnl"
 )
 
 // NFTBaseChain is a hooked chain of a plugin's table; its rules jump into group dispatch chains.
@@ -37,6 +39,7 @@ type NFTLayout struct {
 type NFTStore struct {
 	layout NFTLayout
 	nft    *nftExec
+	conn   nftnl.Conn
 }
 
 // NewNFTStore returns a store for layout, after checking that nft (>= 1.0.1, as knftables
@@ -165,7 +168,7 @@ func (s *NFTStore) addNetlink(d Desired) error {
 			rules = append(rules, rule{chain: bucketChain(c.Group, BucketOf(id)), comment: jumpComment(name, d.Att), exprs: e})
 		}
 	}
-	nl, err := newNFTNetlink(s.layout.Table)
+	nl, err := newNFTNetlink(&s.conn, s.layout.Table)
 	if err != nil {
 		return err
 	}
@@ -226,7 +229,7 @@ func (s *NFTStore) Del(_ context.Context, att Attachment) error {
 }
 
 func (s *NFTStore) delID(id string) error {
-	nl, err := newNFTNetlink(s.layout.Table)
+	nl, err := newNFTNetlink(&s.conn, s.layout.Table)
 	if err != nil {
 		return err
 	}
@@ -289,7 +292,7 @@ func (s *NFTStore) Check(ctx context.Context, d Desired) error {
 			errs = append(errs, err)
 		}
 	}
-	nl, err := newNFTNetlink(s.layout.Table)
+	nl, err := newNFTNetlink(&s.conn, s.layout.Table)
 	if err != nil {
 		return err
 	}

@@ -8,10 +8,12 @@ import (
 	"slices"
 	"strings"
 
+	gnft "github.com/google/nftables"
 	"sigs.k8s.io/knftables"
 
 	"github.com/netwarden/netwarden/internal/command"
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/nftnl"
 )
 
 // NFTablesTable is the masquerade table, separate from the NetworkPolicy table so that either
@@ -30,6 +32,10 @@ type NFTables struct {
 	applied *Desired
 	// rules is the chain as the kernel listed it after our last sync, to see in-place edits.
 	rules []string
+	// netlink sends incremental element changes over conn instead of through nft; off for
+	// a wrapped interface such as knftables' Fake.
+	netlink bool
+	conn    nftnl.Conn
 }
 
 // NewNFTables connects to nftables in the current network namespace.
@@ -38,7 +44,7 @@ func NewNFTables() (*NFTables, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &NFTables{nft: nft}, nil
+	return &NFTables{nft: nft, netlink: true}, nil
 }
 
 // NewNFTablesWithInterface wraps an existing interface, such as knftables.NewFake for render
@@ -111,26 +117,26 @@ func (b *NFTables) FullSync(ctx context.Context, d *Desired) (dataplane.SyncResu
 }
 
 // Sync implements Backend: after the first sync only set elements change, unless the rules
-// themselves do (a different --random-fully after a restart takes the full path).
+// themselves do (a different --random-fully after a restart takes the full path). The
+// elements go over netlink, on a socket kept open, as one batch: one transaction, and no
+// wait for the kernel to free removed ranges (see nftnl.Conn).
 func (b *NFTables) Sync(ctx context.Context, d *Desired) (dataplane.SyncResult, error) {
 	if b.applied == nil || b.applied.RandomFully != d.RandomFully {
 		return b.FullSync(ctx, d)
 	}
-	tx := b.nft.NewTransaction()
+	var changes []elementChange
+	ops := 0
 	for _, k := range setKinds {
 		add, remove := rangeDiff(k.ranges(b.applied), k.ranges(d))
-		for _, r := range remove {
-			tx.Delete(&knftables.Element{Set: nftSetName(k), Key: []string{r.String()}})
-		}
-		for _, r := range add {
-			tx.Add(&knftables.Element{Set: nftSetName(k), Key: []string{r.String()}})
+		if len(add)+len(remove) > 0 {
+			changes = append(changes, elementChange{set: nftSetName(k), add: add, remove: remove})
+			ops += len(add) + len(remove)
 		}
 	}
-	ops := tx.NumOperations()
 	if ops == 0 {
 		return dataplane.SyncResult{Size: size(d)}, nil
 	}
-	if err := b.nft.Run(ctx, tx); err != nil {
+	if err := b.applyElements(ctx, changes); err != nil {
 		// The kernel no longer holds what we think (someone deleted the table): replace it.
 		res, ferr := b.FullSync(ctx, d)
 		res.Fallback = err.Error()
@@ -138,6 +144,67 @@ func (b *NFTables) Sync(ctx context.Context, d *Desired) (dataplane.SyncResult, 
 	}
 	b.applied = d
 	return dataplane.SyncResult{Operations: ops, Size: size(d)}, nil
+}
+
+// elementChange is what one interval set gains and loses in a sync.
+type elementChange struct {
+	set         string
+	add, remove []Range
+}
+
+// applyElements sends every set's removals, then its additions, as one netlink batch.
+// Removals go first so that a range whose end moves (10.0.0.0/9 becoming 10.0.0.0/8) can
+// re-add its start element within the same transaction.
+func (b *NFTables) applyElements(ctx context.Context, changes []elementChange) (err error) {
+	if !b.netlink {
+		tx := b.nft.NewTransaction()
+		for _, c := range changes {
+			for _, r := range c.remove {
+				tx.Delete(&knftables.Element{Set: c.set, Key: []string{r.String()}})
+			}
+		}
+		for _, c := range changes {
+			for _, r := range c.add {
+				tx.Add(&knftables.Element{Set: c.set, Key: []string{r.String()}})
+			}
+		}
+		return b.nft.Run(ctx, tx)
+	}
+	conn, err := b.conn.Get()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			b.conn.Reset()
+		}
+	}()
+	table := &gnft.Table{Name: NFTablesTable, Family: gnft.TableFamilyINet}
+	encode := func(rs []Range) []gnft.SetElement {
+		var out []gnft.SetElement
+		for _, r := range rs {
+			out = append(out, nftnl.IntervalElements(r.First, r.Last)...)
+		}
+		return out
+	}
+	for _, c := range changes {
+		if len(c.remove) > 0 {
+			if err := conn.SetDeleteElements(&gnft.Set{Table: table, Name: c.set, Interval: true}, encode(c.remove)); err != nil {
+				return fmt.Errorf("set %s: %w", c.set, err)
+			}
+		}
+	}
+	for _, c := range changes {
+		if len(c.add) > 0 {
+			if err := conn.SetAddElements(&gnft.Set{Table: table, Name: c.set, Interval: true}, encode(c.add)); err != nil {
+				return fmt.Errorf("set %s: %w", c.set, err)
+			}
+		}
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("nftables netlink batch: %w", err)
+	}
+	return nil
 }
 
 // Verify implements Backend: the chain must hold our rules (compared with the kernel's own

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -25,6 +26,7 @@ type Backend struct {
 	applied *Rendered
 	// netlink sends element-only changes over netlink instead of through the nft CLI.
 	netlink bool
+	conn    nftnl.Conn
 	// verifiedHash is a digest of the table as listed at the last drift check; syncedSince
 	// records whether we changed the table after that listing.
 	verifiedHash string
@@ -74,7 +76,7 @@ func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.S
 		var err error
 		ops := p.operations(want)
 		if b.netlink && p.netlinkable(want) {
-			err = applyNetlink(p, b.applied, want)
+			err = applyNetlink(&b.conn, p, b.applied, want)
 		} else {
 			tx := b.nft.NewTransaction()
 			p.writeTx(tx, b.applied, want)

@@ -10,6 +10,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/netwarden/netwarden/internal/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -24,13 +25,18 @@ type elementChange struct {
 
 // applyNetlink sends a plan as one netlink batch, which the kernel commits as one
 // transaction. The nft CLI spends most of a small update loading its cache of our large
-// table; talking netlink directly skips that, so pod churn and policy edits stay cheap.
-func applyNetlink(p *plan, old, new *Rendered) error {
-	conn, err := gnft.New()
+// table; talking netlink directly skips that, and the socket lc keeps open spares each
+// deleting transaction a wait for the kernel's deferred free (see nftnl.Conn).
+func applyNetlink(lc *nftnl.Conn, p *plan, old, new *Rendered) (err error) {
+	conn, err := lc.Get()
 	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
+		return err
 	}
-	defer conn.CloseLasting()
+	defer func() {
+		if err != nil {
+			lc.Reset()
+		}
+	}()
 	table := &gnft.Table{Name: TableName, Family: gnft.TableFamilyINet}
 	sets := map[string]*gnft.Set{}
 	setFor := func(name string, s *set) (*gnft.Set, error) {
