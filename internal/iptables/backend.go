@@ -99,7 +99,7 @@ func Dump(r *Rendered) string {
 	}
 	for fam, f := range families {
 		fmt.Fprintf(&sb, "# %s-restore --noflush\n", f)
-		sb.Write(restoreInput(r.Chains[fam], sortedKeys(r.Chains[fam]), nil, jumpFix{}))
+		sb.Write(restoreInput(r.Chains[fam], sortedKeys(r.Chains[fam]), nil, nil, jumpFix{}))
 	}
 	return sb.String()
 }
@@ -146,10 +146,10 @@ func (b *Backend) applyPlan(ctx context.Context, p *plan, want *Rendered) error 
 	}
 	for fam, f := range families {
 		c := p.chains[fam]
-		if len(c.write)+len(c.gone) == 0 {
+		if len(c.write)+len(c.gone)+len(c.edits) == 0 {
 			continue
 		}
-		if err := b.run.Restore(ctx, f, restoreInput(want.Chains[fam], c.write, c.gone, jumpFix{})); err != nil {
+		if err := b.run.Restore(ctx, f, restoreInput(want.Chains[fam], c.write, c.gone, c.edits, jumpFix{})); err != nil {
 			return err
 		}
 	}
@@ -215,7 +215,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 			}
 		}
 		names := sortedKeys(want.Chains[fam])
-		in := restoreInput(want.Chains[fam], names, stale, jumpFix{existing: st.jumps, install: true})
+		in := restoreInput(want.Chains[fam], names, stale, nil, jumpFix{existing: st.jumps, install: true})
 		if err := b.run.Restore(ctx, f, in); err != nil {
 			return res, fmt.Errorf("iptables full sync: %w", err)
 		}
@@ -273,9 +273,9 @@ type jumpFix struct {
 
 // restoreInput writes a `restore --noflush` input for the filter table that (re)writes the
 // chains in write (declaring a chain flushes it, or creates it), deletes the chains in gone
-// (flushed first, so jumps between them are gone before any is deleted), and fixes the hook
-// jumps. Chains not named are left alone, ours and everyone else's.
-func restoreInput(chains map[string][]string, write, gone []string, jf jumpFix) []byte {
+// (flushed first, so jumps between them are gone before any is deleted), applies the rule
+// edits of chains kept in place (see chainEdits), and fixes the hook jumps. Chains not named are left alone, ours and everyone else's.
+func restoreInput(chains map[string][]string, write, gone, edits []string, jf jumpFix) []byte {
 	var buf bytes.Buffer
 	buf.WriteString("*filter\n")
 	for _, n := range write {
@@ -294,6 +294,9 @@ func restoreInput(chains map[string][]string, write, gone []string, jf jumpFix) 
 			fmt.Fprintf(&buf, "-A %s %s\n", n, rule)
 		}
 	}
+	for _, e := range edits {
+		buf.WriteString(e + "\n")
+	}
 	if jf.install {
 		for _, h := range hookJumps {
 			fmt.Fprintf(&buf, "-I %s 1 -j %s\n", h.builtin, h.chain)
@@ -304,6 +307,37 @@ func restoreInput(chains map[string][]string, write, gone []string, jf jumpFix) 
 	}
 	buf.WriteString("COMMIT\n")
 	return buf.Bytes()
+}
+
+// chainEdits turns an existing chain's rules from old into new in place: the rules between
+// the common head and the common tail are deleted, replaced or inserted by position.
+//
+// Why not flush and rewrite the chain: with iptables-nft a flush deletes every rule of the
+// chain, and the restore process then waits out an RCU grace period as it closes its netlink
+// socket (the kernel frees deleted rules only after one). A pod or policy added usually only
+// inserts rules, which costs no such wait, and a change touches only the rules it changes.
+func chainEdits(chain string, old, new []string) []string {
+	head := 0
+	for head < len(old) && head < len(new) && old[head] == new[head] {
+		head++
+	}
+	tail := 0
+	for tail < len(old)-head && tail < len(new)-head && old[len(old)-1-tail] == new[len(new)-1-tail] {
+		tail++
+	}
+	gone, added := old[head:len(old)-tail], new[head:len(new)-tail]
+	var out []string
+	replaced := min(len(gone), len(added))
+	for i := range replaced {
+		out = append(out, fmt.Sprintf("-R %s %d %s", chain, head+1+i, added[i]))
+	}
+	for range len(gone) - replaced {
+		out = append(out, fmt.Sprintf("-D %s %d", chain, head+1+replaced))
+	}
+	for i := replaced; i < len(added); i++ {
+		out = append(out, fmt.Sprintf("-I %s %d %s", chain, head+1+i, added[i]))
+	}
+	return out
 }
 
 // saved is what a filter table listing says about our objects.
@@ -346,7 +380,9 @@ func parseSave(out []byte) saved {
 type plan struct {
 	setsBefore []byte // creates and additions, before any rule uses them
 	setsAfter  []byte // deletions and destroys, once no rule needs them
-	chains     [2]struct{ write, gone []string }
+	// Per family: chains created or rewritten whole, chains removed, and rule edits
+	// (-I, -R, -D lines) of chains that exist on both sides.
+	chains [2]struct{ write, gone, edits []string }
 	ops        int
 }
 
@@ -407,11 +443,18 @@ func diff(old, new *Rendered) *plan {
 	for fam := range new.Chains {
 		for _, name := range sortedKeys(new.Chains[fam]) {
 			o, ok := old.Chains[fam][name]
-			if ok && slices.Equal(o, new.Chains[fam][name]) {
+			n := new.Chains[fam][name]
+			if ok && slices.Equal(o, n) {
+				continue
+			}
+			if ok {
+				edits := chainEdits(name, o, n)
+				p.chains[fam].edits = append(p.chains[fam].edits, edits...)
+				p.ops += len(edits)
 				continue
 			}
 			p.chains[fam].write = append(p.chains[fam].write, name)
-			p.ops += 1 + len(new.Chains[fam][name])
+			p.ops += 1 + len(n)
 		}
 		for _, name := range sortedKeys(old.Chains[fam]) {
 			if _, ok := new.Chains[fam][name]; !ok {
@@ -556,7 +599,7 @@ func CleanupRules(ctx context.Context, r *xtables.Runner) error {
 		if len(st.ownChains) == 0 && len(st.jumps) == 0 {
 			continue
 		}
-		if err := r.Restore(ctx, f, restoreInput(nil, nil, st.ownChains, jumpFix{existing: st.jumps, remove: true})); err != nil {
+		if err := r.Restore(ctx, f, restoreInput(nil, nil, st.ownChains, nil, jumpFix{existing: st.jumps, remove: true})); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -134,5 +135,58 @@ func TestNames(t *testing.T) {
 	}
 	if podSet(long+"a", v4) == podSet(long+"b", v4) || podSet("x", v4) == podSet("x", v6) || podSet("x", v4) != podSet("x", v4) {
 		t.Error("set names are not deterministic and distinct")
+	}
+}
+
+// TestChainEdits applies the edit lines to the old rules, as iptables-restore would, and
+// requires the new rules, for heads, tails, middles, growth, shrinking and emptying.
+func TestChainEdits(t *testing.T) {
+	apply := func(rules []string, edits []string) []string {
+		out := slices.Clone(rules)
+		for _, e := range edits {
+			f := strings.SplitN(e, " ", 4)
+			pos, err := strconv.Atoi(f[2])
+			if err != nil || f[1] != "C" {
+				t.Fatalf("bad edit %q", e)
+			}
+			switch f[0] {
+			case "-I":
+				if pos < 1 || pos > len(out)+1 {
+					t.Fatalf("insert at %d of %d rules: %q", pos, len(out), e)
+				}
+				out = slices.Insert(out, pos-1, f[3])
+			case "-R":
+				out[pos-1] = f[3]
+			case "-D":
+				if len(f) != 3 {
+					t.Fatalf("delete with a rule: %q", e)
+				}
+				out = slices.Delete(out, pos-1, pos)
+			default:
+				t.Fatalf("unknown edit %q", e)
+			}
+		}
+		return out
+	}
+	cases := [][2][]string{
+		{{"a", "b", "c"}, {"a", "x", "b", "c"}},
+		{{"a", "b", "c"}, {"x", "a", "b", "c"}},
+		{{"a", "b", "c"}, {"a", "b", "c", "x"}},
+		{{"a", "b", "c"}, {"a", "c"}},
+		{{"a", "b", "c"}, {"a", "x", "y", "z", "c"}},
+		{{"a", "b", "c", "d"}, {"a", "x", "d"}},
+		{{"a", "b"}, {}},
+		{{}, {"a", "b"}},
+		{{"a", "a", "a"}, {"a", "a"}},
+		{{"p", "q"}, {"q", "p"}},
+	}
+	for _, c := range cases {
+		edits := chainEdits("C", c[0], c[1])
+		if got := apply(c[0], edits); !slices.Equal(got, c[1]) {
+			t.Errorf("%q -> %q: edits %q give %q", c[0], c[1], edits, got)
+		}
+		if onlyInserts := len(c[1]) > len(c[0]); onlyInserts && strings.Contains(strings.Join(edits, "\n"), "-D") {
+			t.Errorf("%q -> %q: growth must not delete: %q", c[0], c[1], edits)
+		}
 	}
 }
