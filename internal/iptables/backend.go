@@ -383,7 +383,7 @@ type plan struct {
 	// Per family: chains created or rewritten whole, chains removed, and rule edits
 	// (-I, -R, -D lines) of chains that exist on both sides.
 	chains [2]struct{ write, gone, edits []string }
-	ops        int
+	ops    int
 }
 
 func (p *plan) empty() bool { return p.ops == 0 }
