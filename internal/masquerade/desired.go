@@ -26,8 +26,9 @@ type Options struct {
 // Desired is the complete masquerade state of one node. Sets are disjoint, sorted ranges: a
 // CIDR inside another adds nothing (a new Node inside 10.0.0.0/8 changes nothing), and
 // overlapping CIDRs become one range. Adjacent ranges are kept apart on purpose: merging them
-// would turn the addition of a Node next to another into the deletion of an element, which
-// costs nf_tables an RCU grace period, for no change in behaviour.
+// would turn the addition of a Node next to another into the deletion of an element, a
+// bigger transaction (and, for any tool that closes its netlink socket after it, an RCU grace
+// period; see nftnl.Conn) for no change in behaviour.
 type Desired struct {
 	RandomFully bool
 	// Sources are the addresses whose traffic may be masqueraded; NoMasquerade the destinations

@@ -212,7 +212,7 @@ func BenchmarkMasqueradeChange(b *testing.B) {
 						}
 						nodeMs = append(nodeMs, ms(time.Since(start)))
 						// Back to the starting state: a CIDR and a Node removed, which deletes
-						// elements (for nftables, a transaction that waits for an RCU grace period).
+						// elements.
 						start = time.Now()
 						if _, err := be.Sync(ctx, Compute(cfg, Options{RandomFully: true}, nodes, "n1")); err != nil {
 							b.Fatal(err)

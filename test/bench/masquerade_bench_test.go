@@ -105,8 +105,8 @@ func BenchmarkMasqueradeAgent(b *testing.B) {
 			writeConfig(append(slices.Clone(cidrs), fmt.Sprintf("198.18.%d.0/24", 2*i)))
 			configChange = append(configChange, waitSynced(before, t0, "config change"))
 
-			// Back to the base config: a CIDR removed is an element deleted, which costs the
-			// kernel an RCU grace period (see README, Performance).
+			// Back to the base config: a CIDR removed is an element deleted (see README,
+			// Performance, for why that no longer waits for an RCU grace period).
 			before = synced()
 			t0 = time.Now()
 			writeConfig(cidrs)
