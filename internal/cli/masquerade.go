@@ -138,7 +138,7 @@ func (f *masqFlags) render(ctx context.Context, backend string, st *cluster.Stat
 	d := masquerade.Compute(cfg, opts, st.Nodes, node)
 	switch backend {
 	case "auto", "nftables":
-		return masquerade.NewNFTablesWithInterface(nil).Render(d), nil
+		return (&masquerade.NFTables{}).Render(d), nil
 	case "iptables":
 		mode := xtables.ModeNFT
 		if m := os.Getenv("NETWARDEN_IPTABLES_MODE"); m != "" {

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	gnft "github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
@@ -22,24 +23,25 @@ import (
 // conntrack flush of DEL) and is paid at most once, when the plugin exits.
 type nftNetlink struct {
 	shared *nftnl.Conn
-	conn   *gnft.Conn
 	table  *gnft.Table
-	batch  int
+	// pending are the changes queued for the next commit, sent in one nftnl.Conn.Batch so
+	// that a failure anywhere drops all of them.
+	pending []func(*gnft.Conn)
 }
 
-func newNFTNetlink(shared *nftnl.Conn, table string) (*nftNetlink, error) {
-	conn, err := shared.Get()
-	if err != nil {
-		return nil, err
-	}
-	return &nftNetlink{shared: shared, conn: conn, table: &gnft.Table{Name: table, Family: gnft.TableFamilyINet}}, nil
+func newNFTNetlink(shared *nftnl.Conn, table string) *nftNetlink {
+	return &nftNetlink{shared: shared, table: &gnft.Table{Name: table, Family: gnft.TableFamilyINet}}
 }
 
 func (n *nftNetlink) chain(name string) *gnft.Chain { return &gnft.Chain{Name: name, Table: n.table} }
 
 // rules lists a chain's rules; a missing table or chain is errNFTNotFound.
 func (n *nftNetlink) rules(chain string) ([]nftRule, error) {
-	rs, err := n.conn.GetRules(n.table, n.chain(chain))
+	conn, err := n.shared.Get()
+	if err != nil {
+		return nil, err
+	}
+	rs, err := conn.GetRules(n.table, n.chain(chain))
 	// google/nftables does not always wrap the errno, so the text decides too.
 	if errors.Is(err, unix.ENOENT) || (err != nil && strings.Contains(err.Error(), "no such file or directory")) {
 		return nil, fmt.Errorf("chain %s: %w", chain, errNFTNotFound)
@@ -57,7 +59,11 @@ func (n *nftNetlink) rules(chain string) ([]nftRule, error) {
 
 // chainExists reports whether the table holds chain.
 func (n *nftNetlink) chainExists(name string) (bool, error) {
-	_, err := n.conn.ListChain(n.table, name)
+	conn, err := n.shared.Get()
+	if err != nil {
+		return false, err
+	}
+	_, err = conn.ListChain(n.table, name)
 	if err == nil {
 		return true, nil
 	}
@@ -68,29 +74,52 @@ func (n *nftNetlink) chainExists(name string) (bool, error) {
 }
 
 func (n *nftNetlink) deleteRule(r nftRule) {
-	n.conn.DelRule(&gnft.Rule{Table: n.table, Chain: n.chain(r.Chain), Handle: uint64(r.Handle)})
-	n.batch++
+	n.pending = append(n.pending, func(c *gnft.Conn) {
+		c.DelRule(&gnft.Rule{Table: n.table, Chain: n.chain(r.Chain), Handle: uint64(r.Handle)})
+	})
 }
 
 // deleteChain queues the removal of a chain and its rules.
 func (n *nftNetlink) deleteChain(name string) {
-	n.conn.FlushChain(n.chain(name))
-	n.conn.DelChain(n.chain(name))
-	n.batch++
+	n.pending = append(n.pending, func(c *gnft.Conn) {
+		c.FlushChain(n.chain(name))
+		c.DelChain(n.chain(name))
+	})
 }
 
-// commit sends the queued deletions as one transaction.
+func (n *nftNetlink) addChain(name string) {
+	n.pending = append(n.pending, func(c *gnft.Conn) { c.AddChain(n.chain(name)) })
+}
+
+// addRule queues a rule at the end of chain, with comment when it is not empty.
+func (n *nftNetlink) addRule(chain string, exprs []expr.Any, comment string) {
+	var ud []byte
+	if comment != "" {
+		ud = userdata.AppendString(nil, userdata.TypeComment, comment)
+	}
+	n.pending = append(n.pending, func(c *gnft.Conn) {
+		c.AddRule(&gnft.Rule{Table: n.table, Chain: n.chain(chain), Exprs: exprs, UserData: ud})
+	})
+}
+
+// commit sends the queued changes as one transaction.
 func (n *nftNetlink) commit() error {
-	if n.batch == 0 {
+	if len(n.pending) == 0 {
 		return nil
 	}
-	n.batch = 0
-	if err := n.conn.Flush(); err != nil {
-		n.shared.Reset()
-		if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory") {
-			return fmt.Errorf("nftables netlink: %w: %v", errNFTNotFound, err)
+	pending := n.pending
+	n.pending = nil
+	err := n.shared.Batch(func(c *gnft.Conn) error {
+		for _, queue := range pending {
+			queue(c)
 		}
-		return fmt.Errorf("nftables netlink: %w", err)
+		return nil
+	})
+	if err == nil {
+		return nil
 	}
-	return nil
+	if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory") {
+		return fmt.Errorf("nftables netlink: %w: %v", errNFTNotFound, err)
+	}
+	return err
 }

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	gnft "github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"sigs.k8s.io/knftables"
 
 	"github.com/netwarden/netwarden/internal/nftnl"
@@ -168,10 +166,7 @@ func (s *NFTStore) addNetlink(d Desired) error {
 			rules = append(rules, rule{chain: bucketChain(c.Group, BucketOf(id)), comment: jumpComment(name, d.Att), exprs: e})
 		}
 	}
-	nl, err := newNFTNetlink(&s.conn, s.layout.Table)
-	if err != nil {
-		return err
-	}
+	nl := newNFTNetlink(&s.conn, s.layout.Table)
 	exists, err := nl.chainExists(chains[0])
 	if err != nil {
 		return err
@@ -183,16 +178,11 @@ func (s *NFTStore) addNetlink(d Desired) error {
 		}
 	}
 	for _, name := range chains {
-		nl.conn.AddChain(nl.chain(name))
+		nl.addChain(name)
 	}
 	for _, r := range rules {
-		var ud []byte
-		if r.comment != "" {
-			ud = userdata.AppendString(nil, userdata.TypeComment, r.comment)
-		}
-		nl.conn.AddRule(&gnft.Rule{Table: nl.table, Chain: nl.chain(r.chain), Exprs: r.exprs, UserData: ud})
+		nl.addRule(r.chain, r.exprs, r.comment)
 	}
-	nl.batch++
 	return nl.commit()
 }
 
@@ -229,10 +219,7 @@ func (s *NFTStore) Del(_ context.Context, att Attachment) error {
 }
 
 func (s *NFTStore) delID(id string) error {
-	nl, err := newNFTNetlink(&s.conn, s.layout.Table)
-	if err != nil {
-		return err
-	}
+	nl := newNFTNetlink(&s.conn, s.layout.Table)
 	for _, g := range s.layout.Groups {
 		jumps, err := jumpsTo(nl, g, id)
 		if errors.Is(err, errNFTNotFound) {
@@ -292,10 +279,7 @@ func (s *NFTStore) Check(ctx context.Context, d Desired) error {
 			errs = append(errs, err)
 		}
 	}
-	nl, err := newNFTNetlink(&s.conn, s.layout.Table)
-	if err != nil {
-		return err
-	}
+	nl := newNFTNetlink(&s.conn, s.layout.Table)
 	id := d.Att.ID()
 	for _, c := range d.Chains {
 		name := attChain(c.Group, id)

@@ -32,10 +32,8 @@ type NFTables struct {
 	applied *Desired
 	// rules is the chain as the kernel listed it after our last sync, to see in-place edits.
 	rules []string
-	// netlink sends incremental element changes over conn instead of through nft; off for
-	// a wrapped interface such as knftables' Fake.
-	netlink bool
-	conn    nftnl.Conn
+	// conn carries incremental element changes.
+	conn nftnl.Conn
 }
 
 // NewNFTables connects to nftables in the current network namespace.
@@ -44,12 +42,8 @@ func NewNFTables() (*NFTables, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &NFTables{nft: nft, netlink: true}, nil
+	return &NFTables{nft: nft}, nil
 }
-
-// NewNFTablesWithInterface wraps an existing interface, such as knftables.NewFake for render
-// tests.
-func NewNFTablesWithInterface(nft knftables.Interface) *NFTables { return &NFTables{nft: nft} }
 
 // Name implements Backend.
 func (b *NFTables) Name() string { return "nftables" }
@@ -92,7 +86,7 @@ func (b *NFTables) writeFull(tx *knftables.Transaction, d *Desired) {
 	}
 }
 
-// Render implements Backend.
+// Render implements Backend. It touches no kernel, so a zero NFTables renders too.
 func (b *NFTables) Render(d *Desired) string {
 	tx := knftables.NewFake(knftables.InetFamily, NFTablesTable).NewTransaction()
 	b.writeFull(tx, d)
@@ -136,7 +130,7 @@ func (b *NFTables) Sync(ctx context.Context, d *Desired) (dataplane.SyncResult, 
 	if ops == 0 {
 		return dataplane.SyncResult{Size: size(d)}, nil
 	}
-	if err := b.applyElements(ctx, changes); err != nil {
+	if err := b.applyElements(changes); err != nil {
 		// The kernel no longer holds what we think (someone deleted the table): replace it.
 		res, ferr := b.FullSync(ctx, d)
 		res.Fallback = err.Error()
@@ -155,30 +149,7 @@ type elementChange struct {
 // applyElements sends every set's removals, then its additions, as one netlink batch.
 // Removals go first so that a range whose end moves (10.0.0.0/9 becoming 10.0.0.0/8) can
 // re-add its start element within the same transaction.
-func (b *NFTables) applyElements(ctx context.Context, changes []elementChange) (err error) {
-	if !b.netlink {
-		tx := b.nft.NewTransaction()
-		for _, c := range changes {
-			for _, r := range c.remove {
-				tx.Delete(&knftables.Element{Set: c.set, Key: []string{r.String()}})
-			}
-		}
-		for _, c := range changes {
-			for _, r := range c.add {
-				tx.Add(&knftables.Element{Set: c.set, Key: []string{r.String()}})
-			}
-		}
-		return b.nft.Run(ctx, tx)
-	}
-	conn, err := b.conn.Get()
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			b.conn.Reset()
-		}
-	}()
+func (b *NFTables) applyElements(changes []elementChange) error {
 	table := &gnft.Table{Name: NFTablesTable, Family: gnft.TableFamilyINet}
 	encode := func(rs []Range) []gnft.SetElement {
 		var out []gnft.SetElement
@@ -187,24 +158,26 @@ func (b *NFTables) applyElements(ctx context.Context, changes []elementChange) (
 		}
 		return out
 	}
-	for _, c := range changes {
-		if len(c.remove) > 0 {
-			if err := conn.SetDeleteElements(&gnft.Set{Table: table, Name: c.set, Interval: true}, encode(c.remove)); err != nil {
+	set := func(name string) *gnft.Set { return &gnft.Set{Table: table, Name: name, Interval: true} }
+	return b.conn.Batch(func(conn *gnft.Conn) error {
+		for _, c := range changes {
+			if len(c.remove) == 0 {
+				continue
+			}
+			if err := conn.SetDeleteElements(set(c.set), encode(c.remove)); err != nil {
 				return fmt.Errorf("set %s: %w", c.set, err)
 			}
 		}
-	}
-	for _, c := range changes {
-		if len(c.add) > 0 {
-			if err := conn.SetAddElements(&gnft.Set{Table: table, Name: c.set, Interval: true}, encode(c.add)); err != nil {
+		for _, c := range changes {
+			if len(c.add) == 0 {
+				continue
+			}
+			if err := conn.SetAddElements(set(c.set), encode(c.add)); err != nil {
 				return fmt.Errorf("set %s: %w", c.set, err)
 			}
 		}
-	}
-	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("nftables netlink batch: %w", err)
-	}
-	return nil
+		return nil
+	})
 }
 
 // Verify implements Backend: the chain must hold our rules (compared with the kernel's own

@@ -27,16 +27,12 @@ type elementChange struct {
 // transaction. The nft CLI spends most of a small update loading its cache of our large
 // table; talking netlink directly skips that, and the socket lc keeps open spares each
 // deleting transaction a wait for the kernel's deferred free (see nftnl.Conn).
-func applyNetlink(lc *nftnl.Conn, p *plan, old, new *Rendered) (err error) {
-	conn, err := lc.Get()
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			lc.Reset()
-		}
-	}()
+func applyNetlink(lc *nftnl.Conn, p *plan, old, new *Rendered) error {
+	return lc.Batch(func(conn *gnft.Conn) error { return queuePlan(conn, p, old, new) })
+}
+
+// queuePlan queues the messages of a plan on conn, in the order the batch needs them.
+func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 	table := &gnft.Table{Name: TableName, Family: gnft.TableFamilyINet}
 	sets := map[string]*gnft.Set{}
 	setFor := func(name string, s *set) (*gnft.Set, error) {
@@ -129,9 +125,6 @@ func applyNetlink(lc *nftnl.Conn, p *plan, old, new *Rendered) (err error) {
 	}
 	for _, name := range p.goneSets {
 		conn.DelSet(&gnft.Set{Table: table, Name: name})
-	}
-	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("netlink batch: %w", err)
 	}
 	return nil
 }

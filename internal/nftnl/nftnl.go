@@ -24,8 +24,8 @@ import (
 // A Conn is not safe for concurrent use; each backend owns one.
 type Conn struct{ conn *gnft.Conn }
 
-// Get opens the socket on first use, in the calling thread's network namespace, which is
-// the namespace the nft CLI would run in for the same call.
+// Get opens the socket on first use, in the calling thread's network namespace (the one the
+// nft CLI would run in for the same call). It is for queries; changes go through Batch.
 func (c *Conn) Get() (*gnft.Conn, error) {
 	if c.conn == nil {
 		conn, err := gnft.New(gnft.AsLasting())
@@ -37,17 +37,32 @@ func (c *Conn) Get() (*gnft.Conn, error) {
 	return c.conn, nil
 }
 
-// Reset drops the socket, after a failed batch whose queued messages and pending replies
-// must not leak into the next one.
-func (c *Conn) Reset() {
+// reset drops the socket, so that no queued message or pending reply of a failed batch
+// leaks into the next one.
+func (c *Conn) reset() {
 	if c.conn != nil {
 		c.conn.CloseLasting()
 		c.conn = nil
 	}
 }
 
-// Close is Reset under the name callers expect at the end of a socket's life.
-func (c *Conn) Close() { c.Reset() }
+// Batch sends what fill queues as one netlink batch, which the kernel commits as one
+// transaction. If fill or the commit fails, the socket is dropped with whatever it had queued.
+func (c *Conn) Batch(fill func(*gnft.Conn) error) error {
+	conn, err := c.Get()
+	if err != nil {
+		return err
+	}
+	if err := fill(conn); err != nil {
+		c.reset()
+		return err
+	}
+	if err := conn.Flush(); err != nil {
+		c.reset()
+		return fmt.Errorf("nftables netlink batch: %w", err)
+	}
+	return nil
+}
 
 // IntervalElements encodes the address range [first, last] of a single-field interval set
 // exactly as nft does, so that elements added by the CLI can be deleted over netlink and the

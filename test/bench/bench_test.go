@@ -194,8 +194,9 @@ func benchIncremental(b *testing.B, node string, base *cluster.State, ch change,
 			return err
 		}
 		// A fixed number of changes per run, so that `-benchtime 1x` still yields percentiles.
+		n := incrementalChanges(base)
 		for b.Loop() {
-			for i := 1; i <= incrementalChanges(base); i++ {
+			for i := 1; i <= n; i++ {
 				next := base.Clone()
 				ch.apply(next, i)
 				start := time.Now()
