@@ -16,6 +16,7 @@ package nftables
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -126,15 +127,28 @@ type Renderer struct {
 }
 
 type renderCache struct {
+	groups    map[string]renderedGroup
 	addrSets  map[*policy.AddrSet][2]*set
 	namedSets map[*policy.NamedPortSet][2]*set
 	cidrSets  map[*policy.CIDRSet]*set
 	policies  map[*policy.PolicyRules]*chain
 }
 
-func newRenderCache() renderCache {
-	return renderCache{addrSets: map[*policy.AddrSet][2]*set{}, namedSets: map[*policy.NamedPortSet][2]*set{},
-		cidrSets: map[*policy.CIDRSet]*set{}, policies: map[*policy.PolicyRules]*chain{}}
+// renderedGroup is a group chain with the policy chains it was rendered from.
+type renderedGroup struct {
+	policies []string
+	chain    *chain
+}
+
+// newRenderCache returns an empty cache sized like prev, so that filling it does not rehash.
+func newRenderCache(prev renderCache) renderCache {
+	return renderCache{
+		groups:    make(map[string]renderedGroup, len(prev.groups)),
+		addrSets:  make(map[*policy.AddrSet][2]*set, len(prev.addrSets)),
+		namedSets: make(map[*policy.NamedPortSet][2]*set, len(prev.namedSets)),
+		cidrSets:  make(map[*policy.CIDRSet]*set, len(prev.cidrSets)),
+		policies:  make(map[*policy.PolicyRules]*chain, len(prev.policies)),
+	}
 }
 
 // Render turns a Ruleset into table content with a fresh Renderer.
@@ -142,11 +156,11 @@ func Render(rs *policy.Ruleset) *Rendered { return (&Renderer{}).Render(rs) }
 
 // Render turns a Ruleset into table content.
 func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
-	rd.prev, rd.cur = rd.cur, newRenderCache()
-	if rd.prev.addrSets == nil {
-		rd.prev = newRenderCache()
+	rd.prev, rd.cur = rd.cur, newRenderCache(rd.cur)
+	r := &Rendered{
+		Sets:   make(map[string]*set, 4+2*len(rs.AddrSets)+len(rs.CIDRSets)+2*len(rs.NamedPortSets)),
+		Chains: make(map[string]*chain, 2+len(rs.Groups)+len(rs.Policies)),
 	}
-	r := &Rendered{Sets: map[string]*set{}, Chains: map[string]*chain{}}
 
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
 		for _, v6 := range []bool{false, true} {
@@ -184,12 +198,17 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	}
 
 	for name, g := range rs.Groups {
-		specs := make([]ruleSpec, 0, len(g.Policies)+1)
-		for _, p := range g.Policies {
-			specs = append(specs, ruleSpec{jump: p})
+		rg, ok := rd.prev.groups[name]
+		if !ok || !slices.Equal(rg.policies, g.Policies) {
+			specs := make([]ruleSpec, 0, len(g.Policies)+1)
+			for _, p := range g.Policies {
+				specs = append(specs, ruleSpec{jump: p})
+			}
+			specs = append(specs, ruleSpec{drop: true})
+			rg = renderedGroup{policies: g.Policies, chain: specChain(specs)}
 		}
-		specs = append(specs, ruleSpec{drop: true})
-		r.Chains[name] = specChain(specs)
+		rd.cur.groups[name] = rg
+		r.Chains[name] = rg.chain
 	}
 	for name, p := range rs.Policies {
 		c, ok := rd.prev.policies[p]

@@ -22,17 +22,25 @@ import (
 // The nft CLI closes its socket when it exits, so every nft run that deletes pays the wait.
 //
 // A Conn is not safe for concurrent use; each backend owns one.
-type Conn struct{ conn *gnft.Conn }
+type Conn struct {
+	conn *gnft.Conn
+	sock *socket
+}
 
 // Get opens the socket on first use, in the calling thread's network namespace (the one the
 // nft CLI would run in for the same call). It is for queries; changes go through Batch.
 func (c *Conn) Get() (*gnft.Conn, error) {
 	if c.conn == nil {
-		conn, err := gnft.New(gnft.AsLasting())
+		sock, err := openSocket()
 		if err != nil {
 			return nil, fmt.Errorf("nftables netlink: %w", err)
 		}
-		c.conn = conn
+		conn, err := gnft.New(gnft.AsLasting(), gnft.WithTestDial(sock.exchange))
+		if err != nil {
+			sock.close()
+			return nil, fmt.Errorf("nftables netlink: %w", err)
+		}
+		c.conn, c.sock = conn, sock
 	}
 	return c.conn, nil
 }
@@ -42,7 +50,8 @@ func (c *Conn) Get() (*gnft.Conn, error) {
 func (c *Conn) reset() {
 	if c.conn != nil {
 		c.conn.CloseLasting()
-		c.conn = nil
+		c.sock.close()
+		c.conn, c.sock = nil, nil
 	}
 }
 

@@ -42,7 +42,13 @@ type Compiler struct {
 	nsPtr    map[string]*corev1.Namespace
 	nsLabels map[string]labels.Set // including namespaces implied by pods
 
+	// gen is the Generation of the snapshot compiled last, 0 when it was unnumbered; a
+	// snapshot whose Changes are relative to gen is compiled from the changed keys alone.
+	gen      uint64
+	policyNS map[string]map[string]*networkingv1.NetworkPolicy // the snapshot's policies per namespace
+
 	policies  map[*networkingv1.NetworkPolicy]*compiledPolicy
+	last      *Ruleset // the previous result, whose sizes the next one is allocated with
 	addrSets  map[string]*addrSetState
 	namedSets map[string]*namedSetState
 	cidrSets  map[string]*CIDRSet
@@ -60,6 +66,7 @@ func NewCompiler(node string) *Compiler {
 		byPort:    map[string]map[string]*podInfo{},
 		nsPtr:     map[string]*corev1.Namespace{},
 		nsLabels:  map[string]labels.Set{},
+		policyNS:  map[string]map[string]*networkingv1.NetworkPolicy{},
 		policies:  map[*networkingv1.NetworkPolicy]*compiledPolicy{},
 		addrSets:  map[string]*addrSetState{},
 		namedSets: map[string]*namedSetState{},
@@ -83,11 +90,35 @@ type podChange struct {
 func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 	cc.sels.rotate()
 	var stats Stats
-	changes := cc.diffPods(st)
-	nsChanged := cc.diffNamespaces(st)
+	var changes []podChange
+	var nsChanged bool
+	if ch := st.Changes; ch != nil && cc.gen != 0 && ch.Since == cc.gen {
+		changes = cc.diffPodKeys(st, ch.Pods)
+		if len(ch.Namespaces) > 0 || cc.impliedNamespacesChanged(st, changes) {
+			nsChanged = cc.diffNamespaces(st)
+		}
+		cc.updatePolicyKeys(st, ch.Policies)
+	} else {
+		changes = cc.diffPods(st)
+		nsChanged = cc.diffNamespaces(st)
+		cc.indexPolicies(st)
+	}
+	cc.gen = st.Generation
 	stats.ChangedPods = len(changes)
 
 	rs := NewRuleset()
+	if l := cc.last; l != nil {
+		// Presized like the previous result: a compile then allocates its maps once
+		// instead of growing them, which is most of its garbage.
+		rs.Dispatch[Ingress] = make(map[netip.Addr]string, len(l.Dispatch[Ingress]))
+		rs.Dispatch[Egress] = make(map[netip.Addr]string, len(l.Dispatch[Egress]))
+		rs.Groups = make(map[string]Group, len(l.Groups))
+		rs.Policies = make(map[string]*PolicyRules, len(l.Policies))
+		rs.AddrSets = make(map[string]*AddrSet, len(l.AddrSets))
+		rs.CIDRSets = make(map[string]*CIDRSet, len(l.CIDRSets))
+		rs.NamedPortSets = make(map[string]*NamedPortSet, len(l.NamedPortSets))
+	}
+	cc.last = rs
 	localByNS := map[string][]*podInfo{}
 	for _, pi := range cc.local {
 		localByNS[pi.pod.Namespace] = append(localByNS[pi.pod.Namespace], pi)
@@ -98,21 +129,25 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 	}
 
 	// Only policies in namespaces with local pods can select a local pod.
-	keys := make([]string, 0, 64)
-	for k, np := range st.Policies {
-		if len(localByNS[np.Namespace]) > 0 {
-			keys = append(keys, k)
+	nps := make([]*networkingv1.NetworkPolicy, 0, len(cc.policies))
+	for ns := range localByNS {
+		for _, np := range cc.policyNS[ns] {
+			nps = append(nps, np)
 		}
 	}
-	sort.Strings(keys)
+	slices.SortFunc(nps, func(a, b *networkingv1.NetworkPolicy) int {
+		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 
-	usedPolicies := map[*networkingv1.NetworkPolicy]*compiledPolicy{}
-	addrDefs := map[string]addrSetDef{}
-	namedDefs := map[string]namedSetDef{}
-	selecting := map[Direction]map[string][]string{Ingress: {}, Egress: {}}
-	isolated := map[string]bool{}
-	for _, k := range keys {
-		np := st.Policies[k]
+	usedPolicies := make(map[*networkingv1.NetworkPolicy]*compiledPolicy, len(cc.policies))
+	addrDefs := make(map[string]addrSetDef, len(cc.addrSets))
+	namedDefs := make(map[string]namedSetDef, len(cc.namedSets))
+	selecting := map[Direction]map[string][]string{Ingress: make(map[string][]string, len(cc.local)), Egress: make(map[string][]string, len(cc.local))}
+	isolated := make(map[string]bool, len(cc.local))
+	for _, np := range nps {
 		sel := cc.sels.get(&np.Spec.PodSelector).sel
 		var selected []*podInfo
 		for _, pi := range localByNS[np.Namespace] {
@@ -193,28 +228,110 @@ func (cc *Compiler) diffPods(st *cluster.State) []podChange {
 				continue
 			}
 		}
-		cc.podPtr[key] = pod
-		old := cc.pods[key]
-		var cur *podInfo
-		if ips := EligibleIPs(pod); len(ips) > 0 {
-			cur = &podInfo{pod: pod, key: key, ips: ips, labels: labels.Set(pod.Labels)}
-		}
-		cc.setPod(key, old, cur)
-		changes = append(changes, podChange{key: key, old: old, new: cur})
+		changes = cc.diffPod(changes, key, pod)
 	}
 	if seen < len(cc.podPtr) {
 		for key := range cc.podPtr {
 			if _, ok := st.Pods[key]; !ok {
-				old := cc.pods[key]
-				delete(cc.podPtr, key)
-				cc.setPod(key, old, nil)
-				changes = append(changes, podChange{key: key, old: old})
+				changes = cc.diffPod(changes, key, nil)
 			}
 		}
 	}
 	// Deterministic order keeps set contents and logs reproducible.
 	sort.Slice(changes, func(i, j int) bool { return changes[i].key < changes[j].key })
 	return changes
+}
+
+// diffPodKeys is diffPods for a snapshot whose changed pod keys (sorted) are known.
+func (cc *Compiler) diffPodKeys(st *cluster.State, keys []string) []podChange {
+	var changes []podChange
+	for _, key := range keys {
+		pod := st.Pods[key]
+		if prev, existed := cc.podPtr[key]; prev == pod && (existed || pod == nil) {
+			continue
+		}
+		changes = cc.diffPod(changes, key, pod)
+	}
+	return changes
+}
+
+// diffPod records that key now maps to pod (nil: removed) and appends the change.
+func (cc *Compiler) diffPod(changes []podChange, key string, pod *corev1.Pod) []podChange {
+	if pod == nil {
+		delete(cc.podPtr, key)
+	} else {
+		cc.podPtr[key] = pod
+	}
+	old := cc.pods[key]
+	var cur *podInfo
+	if pod != nil {
+		if ips := EligibleIPs(pod); len(ips) > 0 {
+			cur = &podInfo{pod: pod, key: key, ips: ips, labels: labels.Set(pod.Labels)}
+		}
+	}
+	if old == nil && cur == nil {
+		return changes
+	}
+	cc.setPod(key, old, cur)
+	return append(changes, podChange{key: key, old: old, new: cur})
+}
+
+// impliedNamespacesChanged reports whether pod changes made a namespace without a Namespace
+// object appear or disappear (see diffNamespaces).
+func (cc *Compiler) impliedNamespacesChanged(st *cluster.State, changes []podChange) bool {
+	for _, c := range changes {
+		for _, pi := range [2]*podInfo{c.old, c.new} {
+			if pi == nil {
+				continue
+			}
+			ns := pi.pod.Namespace
+			if _, ok := st.Namespaces[ns]; ok {
+				continue
+			}
+			_, known := cc.nsLabels[ns]
+			_, hasPods := cc.byNS[ns]
+			if known != hasPods {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// indexPolicies rebuilds the per-namespace index of st's policies.
+func (cc *Compiler) indexPolicies(st *cluster.State) {
+	cc.policyNS = map[string]map[string]*networkingv1.NetworkPolicy{}
+	for key, np := range st.Policies {
+		m := cc.policyNS[np.Namespace]
+		if m == nil {
+			m = map[string]*networkingv1.NetworkPolicy{}
+			cc.policyNS[np.Namespace] = m
+		}
+		m[key] = np
+	}
+}
+
+// updatePolicyKeys brings the per-namespace policy index up to st for the changed keys.
+func (cc *Compiler) updatePolicyKeys(st *cluster.State, keys []string) {
+	for _, key := range keys {
+		ns, _, _ := strings.Cut(key, "/")
+		np := st.Policies[key]
+		m := cc.policyNS[ns]
+		if np == nil {
+			if m != nil {
+				delete(m, key)
+				if len(m) == 0 {
+					delete(cc.policyNS, ns)
+				}
+			}
+			continue
+		}
+		if m == nil {
+			m = map[string]*networkingv1.NetworkPolicy{}
+			cc.policyNS[ns] = m
+		}
+		m[key] = np
+	}
 }
 
 func (cc *Compiler) setPod(key string, old, cur *podInfo) {

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -16,12 +18,30 @@ import (
 
 // TestIncrementalCompileEqualsFresh drives one Compiler through random changes and checks
 // after each that its result equals a fresh compile of the same snapshot: the incremental
-// shortcuts must never change the answer.
+// shortcuts must never change the answer. It runs with unnumbered snapshots, which the
+// compiler diffs by walking them, and with numbered ones that list their changed keys, as
+// the sources hand out.
 func TestIncrementalCompileEqualsFresh(t *testing.T) {
+	for _, numbered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("numbered=%v", numbered), func(t *testing.T) { testIncrementalCompile(t, numbered) })
+	}
+}
+
+func testIncrementalCompile(t *testing.T, numbered bool) {
 	spec := synth.Spec{Namespaces: 12, Pods: 80, LocalPods: 15, Policies: 60, LocalNode: "node-0", Nodes: 3, DualStack: true,
 		LocalCIDRv4: synth.Default().LocalCIDRv4, RemoteCIDRv4: synth.Default().RemoteCIDRv4}
 	st := synth.Generate(spec)
 	r := rand.New(rand.NewPCG(1, 2))
+	// Peers chosen by namespace name, so that namespaces implied by their pods alone matter.
+	byName := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns-00000", Name: "from-implied"},
+		Spec: networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: cluster.NamespaceNameLabel, Operator: metav1.LabelSelectorOpIn, Values: []string{"implied-0", "implied-1", "ns-00001"}}}}}}}}}}
+	cluster.DefaultNetworkPolicy(byName)
+	st.Policies[cluster.Key(byName.Namespace, byName.Name)] = byName
+	if numbered {
+		cluster.NumberAfter(st, nil)
+	}
 	c := policy.NewCompiler(spec.LocalNode)
 	podKeys := func(st *cluster.State) []string {
 		var ks []string
@@ -34,7 +54,7 @@ func TestIncrementalCompileEqualsFresh(t *testing.T) {
 		next := st.Clone()
 		keys := podKeys(next)
 		what := ""
-		switch r.IntN(7) {
+		switch r.IntN(10) {
 		case 0: // relabel a pod
 			k := keys[r.IntN(len(keys))]
 			p := next.Pods[k].DeepCopy()
@@ -55,7 +75,11 @@ func TestIncrementalCompileEqualsFresh(t *testing.T) {
 			next.Pods[cluster.Key(src.Namespace, src.Name)] = src
 			what = "add " + src.Name
 		case 3: // relabel a namespace
-			ns := next.Namespaces[fmt.Sprintf("ns-%05d", r.IntN(spec.Namespaces))].DeepCopy()
+			name := fmt.Sprintf("ns-%05d", r.IntN(spec.Namespaces))
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{cluster.NamespaceNameLabel: name}}}
+			if old := next.Namespaces[name]; old != nil {
+				ns = old.DeepCopy()
+			}
 			ns.Labels["team"] = fmt.Sprintf("team-%d", r.IntN(40))
 			next.Namespaces[ns.Name] = ns
 			what = "relabel ns " + ns.Name
@@ -77,6 +101,31 @@ func TestIncrementalCompileEqualsFresh(t *testing.T) {
 			p.Spec.Containers[0].Ports[1].ContainerPort = int32(9000 + r.IntN(5))
 			next.Pods[k] = p
 			what = "port " + k
+		case 7: // add a policy: a copy of one with another name and selector
+			for _, np := range next.Policies {
+				np = np.DeepCopy()
+				np.Name = fmt.Sprintf("new-%d", step)
+				np.Spec.PodSelector.MatchLabels = map[string]string{"app": fmt.Sprintf("app-%d", r.IntN(10))}
+				next.Policies[cluster.Key(np.Namespace, np.Name)] = np
+				what = "add policy " + np.Name
+				break
+			}
+		case 8: // delete a Namespace object; its pods keep it implied
+			ns := fmt.Sprintf("ns-%05d", r.IntN(spec.Namespaces))
+			delete(next.Namespaces, ns)
+			what = "delete ns " + ns
+		case 9: // add a pod in a namespace no object declares
+			src := next.Pods[keys[r.IntN(len(keys))]].DeepCopy()
+			src.Namespace = fmt.Sprintf("implied-%d", r.IntN(3))
+			src.Name = fmt.Sprintf("new-%d", step)
+			if r.IntN(2) == 0 {
+				src.Spec.NodeName = spec.LocalNode
+			}
+			next.Pods[cluster.Key(src.Namespace, src.Name)] = src
+			what = "add implied " + src.Namespace + "/" + src.Name
+		}
+		if numbered {
+			cluster.NumberAfter(next, st)
 		}
 		st = next
 		got, _ := c.Compile(st)

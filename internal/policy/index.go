@@ -47,5 +47,12 @@ func (c *selectorCache) get(ls *metav1.LabelSelector) parsedSelector {
 
 // rotate starts a new compile: entries not used by the previous one are dropped.
 func (c *selectorCache) rotate() {
-	c.prev, c.cur = c.cur, map[*metav1.LabelSelector]parsedSelector{}
+	// The map the previous compile used becomes the next one's, emptied, so that a compile
+	// allocates no new table.
+	old := c.prev
+	c.prev, c.cur = c.cur, old
+	if c.cur == nil {
+		c.cur = make(map[*metav1.LabelSelector]parsedSelector, len(c.prev))
+	}
+	clear(c.cur)
 }

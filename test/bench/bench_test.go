@@ -101,35 +101,43 @@ func BenchmarkFullSync(b *testing.B) {
 	}
 }
 
-// change mutates a copy of the state the way one event would.
+// change is one event, applied to the source's objects as an event handler would, and its
+// undoing.
 type change struct {
-	name  string
-	apply func(st *cluster.State, i int)
+	name        string
+	apply, undo func(t *cluster.Tracker, base *cluster.State, i int)
 }
 
 // changes are the events of the incremental benchmark. Each is applied to the loaded base
 // state and then undone (unmeasured), so every measurement is one change on the same table.
 var changes = []change{
-	{"pod-added", func(st *cluster.State, i int) {
-		p := st.Pods[cluster.Key("ns-00003", "pod-000003")].DeepCopy()
+	{"pod-added", func(t *cluster.Tracker, base *cluster.State, i int) {
+		p := base.Pods[cluster.Key("ns-00003", "pod-000003")].DeepCopy()
 		p.Name = fmt.Sprintf("added-%d", i)
 		p.Spec.NodeName = "node-7"
 		p.Status.PodIPs = []corev1.PodIP{{IP: netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)}).String()}}
-		st.Pods[cluster.Key(p.Namespace, p.Name)] = p
+		t.SetPod(cluster.Key(p.Namespace, p.Name), p)
+	}, func(t *cluster.Tracker, _ *cluster.State, i int) {
+		t.SetPod(cluster.Key("ns-00003", fmt.Sprintf("added-%d", i)), nil)
 	}},
-	{"local-pod-added", func(st *cluster.State, i int) {
-		p := st.Pods[cluster.Key("ns-00003", "pod-000003")].DeepCopy()
+	{"local-pod-added", func(t *cluster.Tracker, base *cluster.State, i int) {
+		p := base.Pods[cluster.Key("ns-00003", "pod-000003")].DeepCopy()
 		p.Name = fmt.Sprintf("added-%d", i)
 		p.Status.PodIPs = []corev1.PodIP{{IP: netip.AddrFrom4([4]byte{10, 244, 1, byte(i)}).String()}}
-		st.Pods[cluster.Key(p.Namespace, p.Name)] = p
+		t.SetPod(cluster.Key(p.Namespace, p.Name), p)
+	}, func(t *cluster.Tracker, _ *cluster.State, i int) {
+		t.SetPod(cluster.Key("ns-00003", fmt.Sprintf("added-%d", i)), nil)
 	}},
-	{"label-changed", func(st *cluster.State, i int) {
+	{"label-changed", func(t *cluster.Tracker, base *cluster.State, i int) {
 		k := cluster.Key("ns-00001", "pod-000001")
-		p := st.Pods[k].DeepCopy()
+		p := base.Pods[k].DeepCopy()
 		p.Labels["app"] = fmt.Sprintf("app-%d", 1+i%9)
-		st.Pods[k] = p
+		t.SetPod(k, p)
+	}, func(t *cluster.Tracker, base *cluster.State, _ int) {
+		k := cluster.Key("ns-00001", "pod-000001")
+		t.SetPod(k, base.Pods[k])
 	}},
-	{"policy-added", func(st *cluster.State, i int) {
+	{"policy-added", func(t *cluster.Tracker, _ *cluster.State, i int) {
 		tcp := corev1.ProtocolTCP
 		port := intstr.FromInt32(int32(1000 + i))
 		np := &networkingv1.NetworkPolicy{
@@ -143,10 +151,15 @@ var changes = []change{
 			},
 		}
 		cluster.DefaultNetworkPolicy(np)
-		st.Policies[cluster.Key(np.Namespace, np.Name)] = np
+		t.SetPolicy(cluster.Key(np.Namespace, np.Name), np)
+	}, func(t *cluster.Tracker, _ *cluster.State, i int) {
+		t.SetPolicy(cluster.Key("ns-00002", fmt.Sprintf("added-%d", i)), nil)
 	}},
-	{"policy-deleted", func(st *cluster.State, i int) {
-		delete(st.Policies, cluster.Key("ns-00004", "np-000004")) // default deny of a local pod's namespace
+	{"policy-deleted", func(t *cluster.Tracker, _ *cluster.State, _ int) {
+		t.SetPolicy(cluster.Key("ns-00004", "np-000004"), nil) // default deny of a local pod's namespace
+	}, func(t *cluster.Tracker, base *cluster.State, _ int) {
+		k := cluster.Key("ns-00004", "np-000004")
+		t.SetPolicy(k, base.Policies[k])
 	}},
 }
 
@@ -160,9 +173,9 @@ func incrementalChanges(base *cluster.State) int {
 	return 200
 }
 
-// BenchmarkIncremental measures single changes on a loaded node, each from the new snapshot to
-// the kernel updated (compile, render, diff and one nft transaction), and the size of that
-// transaction, at 1x and 10x the cluster.
+// BenchmarkIncremental measures single changes on a loaded node, each from the event in the
+// source to the kernel updated (snapshot, compile, render, diff and one nft transaction), and
+// the size of that transaction, at 1x and 10x the cluster.
 func BenchmarkIncremental(b *testing.B) {
 	requireRoot(b)
 	for _, k := range []int{1, 10} {
@@ -177,8 +190,9 @@ func BenchmarkIncremental(b *testing.B) {
 }
 
 // benchIncremental loads base into a fresh node through the backend newBackend makes, then
-// applies each change to the kernel and back, reporting the latency of the change (compile,
-// render, diff and one transaction) and the size of its transaction.
+// applies each change to the kernel and back, reporting the latency of the change (snapshot,
+// compile, render, diff and one transaction) and the size of its transaction. The snapshots
+// come from a cluster.Tracker, as the API source's do.
 func benchIncremental(b *testing.B, node string, base *cluster.State, ch change, newBackend func() (dataplane.PolicyBackend, error)) {
 	bed := newBed(b)
 	var latencies []time.Duration
@@ -189,7 +203,8 @@ func benchIncremental(b *testing.B, node string, base *cluster.State, ch change,
 			return err
 		}
 		c := policy.NewCompiler(node)
-		rs, _ := c.Compile(base)
+		objects := cluster.NewTrackerFrom(base)
+		rs, _ := c.Compile(objects.Snapshot())
 		if _, err := be.FullSync(context.Background(), rs); err != nil {
 			return err
 		}
@@ -197,10 +212,9 @@ func benchIncremental(b *testing.B, node string, base *cluster.State, ch change,
 		n := incrementalChanges(base)
 		for b.Loop() {
 			for i := 1; i <= n; i++ {
-				next := base.Clone()
-				ch.apply(next, i)
+				ch.apply(objects, base, i)
 				start := time.Now()
-				rs, _ := c.Compile(next)
+				rs, _ := c.Compile(objects.Snapshot())
 				res, err := be.Sync(context.Background(), rs)
 				if err != nil {
 					return err
@@ -211,7 +225,8 @@ func benchIncremental(b *testing.B, node string, base *cluster.State, ch change,
 					return fmt.Errorf("incremental sync fell back to a full one: %s", res.Fallback)
 				}
 				b.StopTimer()
-				rs, _ = c.Compile(base)
+				ch.undo(objects, base, i)
+				rs, _ = c.Compile(objects.Snapshot())
 				if _, err := be.Sync(context.Background(), rs); err != nil {
 					return err
 				}

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,12 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/netwarden/netwarden/internal/cluster"
@@ -37,26 +33,66 @@ type Source struct {
 	factory   informers.SharedInformerFactory
 	informers []namedInformer
 
-	namespaces corelisters.NamespaceLister
-	pods       corelisters.PodLister
-	policies   networkinglisters.NetworkPolicyLister
-	nodes      corelisters.NodeLister
-
 	running atomic.Bool
 	regs    atomic.Pointer[[]cache.ResourceEventHandlerRegistration]
 
-	// Validation verdicts by object pointer: cached objects are immutable and replaced on every
-	// change, so an object is validated (and, if invalid, logged) once, not on every Snapshot.
-	mu       sync.Mutex
-	nsOK     map[*corev1.Namespace]bool
-	podOK    map[*corev1.Pod]bool
-	policyOK map[*networkingv1.NetworkPolicy]bool
-	nodeOK   map[*corev1.Node]bool
+	// objects holds the valid objects as the event handlers deliver them. Each snapshot lists
+	// the keys changed since the one before, so the compiler looks only at those.
+	objects *cluster.Tracker
 }
 
 type namedInformer struct {
 	resource string
 	informer cache.SharedIndexInformer
+	events   kindHandler
+}
+
+// kindHandler keeps the Tracker in step with one informer's events. Each returns whether the
+// state changed.
+type kindHandler struct {
+	upsert func(obj any) bool
+	remove func(obj any) bool
+}
+
+// handler validates each object of one kind as it arrives: a valid one replaces the key's
+// entry, an invalid one is logged (once per version, as events come once) and removes it.
+func handler[T any, PT interface {
+	*T
+	metav1.Object
+}](s *Source, kind string, validate func(PT) field.ErrorList, set func(key string, obj PT)) kindHandler {
+	key := func(obj PT) string {
+		if obj.GetNamespace() != "" {
+			return cluster.Key(obj.GetNamespace(), obj.GetName())
+		}
+		return obj.GetName()
+	}
+	return kindHandler{
+		upsert: func(o any) bool {
+			obj, ok := o.(PT)
+			if !ok {
+				return false
+			}
+			if errs := validate(obj); len(errs) > 0 {
+				s.logger.Error("ignoring invalid object from the Kubernetes API", "kind", kind, "key", key(obj), "errors", errs.ToAggregate().Error())
+				set(key(obj), nil)
+				return true
+			}
+			set(key(obj), obj)
+			return true
+		},
+		remove: func(o any) bool {
+			switch obj := o.(type) {
+			case PT:
+				set(key(obj), nil)
+			case cache.DeletedFinalStateUnknown:
+				// The watch missed the delete; the tombstone's key is namespace/name, as ours.
+				set(obj.Key, nil)
+			default:
+				return false
+			}
+			return true
+		},
+	}
 }
 
 var _ cluster.Source = (*Source)(nil)
@@ -67,19 +103,16 @@ func New(client kubernetes.Interface, logger *slog.Logger) *Source {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Transform))
-	s := &Source{
-		logger:     logger,
-		factory:    factory,
-		namespaces: factory.Core().V1().Namespaces().Lister(),
-		pods:       factory.Core().V1().Pods().Lister(),
-		policies:   factory.Networking().V1().NetworkPolicies().Lister(),
-		nodes:      factory.Core().V1().Nodes().Lister(),
-	}
+	s := &Source{logger: logger, factory: factory, objects: cluster.NewTracker()}
 	s.informers = []namedInformer{
-		{"namespaces", factory.Core().V1().Namespaces().Informer()},
-		{"pods", factory.Core().V1().Pods().Informer()},
-		{"networkpolicies", factory.Networking().V1().NetworkPolicies().Informer()},
-		{"nodes", factory.Core().V1().Nodes().Informer()},
+		{"namespaces", factory.Core().V1().Namespaces().Informer(),
+			handler(s, "Namespace", cluster.ValidateNamespace, s.objects.SetNamespace)},
+		{"pods", factory.Core().V1().Pods().Informer(),
+			handler(s, "Pod", cluster.ValidatePod, s.objects.SetPod)},
+		{"networkpolicies", factory.Networking().V1().NetworkPolicies().Informer(),
+			handler(s, "NetworkPolicy", cluster.ValidateNetworkPolicy, s.objects.SetPolicy)},
+		{"nodes", factory.Core().V1().Nodes().Informer(),
+			handler(s, "Node", cluster.ValidateNode, s.objects.SetNode)},
 	}
 	for _, ni := range s.informers {
 		resource := ni.resource
@@ -105,19 +138,29 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("kubeapi source: Run called twice")
 	}
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { notify() },
-		UpdateFunc: func(oldObj, newObj any) {
-			if !unchanged(oldObj, newObj) {
-				notify()
-			}
-		},
-		DeleteFunc: func(any) { notify() },
-	}
 	regs := make([]cache.ResourceEventHandlerRegistration, 0, len(s.informers))
 	synced := make([]cache.InformerSynced, 0, len(s.informers))
 	for _, ni := range s.informers {
-		reg, err := ni.informer.AddEventHandler(handler)
+		ev := ni.events
+		reg, err := ni.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: func(obj any) {
+				if ev.upsert(obj) {
+					notify()
+				}
+			},
+			UpdateFunc: func(oldObj, newObj any) {
+				// An update of nothing we keep leaves the old object in place, so the
+				// compiler sees no change at all.
+				if !unchanged(oldObj, newObj) && ev.upsert(newObj) {
+					notify()
+				}
+			},
+			DeleteFunc: func(obj any) {
+				if ev.remove(obj) {
+					notify()
+				}
+			},
+		})
 		if err != nil {
 			return fmt.Errorf("kubeapi source: adding %s event handler: %w", ni.resource, err)
 		}
@@ -187,58 +230,10 @@ func (s *Source) HasSynced() bool {
 	return true
 }
 
-// Snapshot returns the current contents of the informer caches. The objects are the cached ones
-// (already stripped and defaulted by Transform), not copies: they must not be modified. An object
-// that fails validation is logged once and left out.
-func (s *Source) Snapshot() *cluster.State {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := cluster.NewState()
-	namespaces, _ := s.namespaces.List(labels.Everything())
-	pods, _ := s.pods.List(labels.Everything())
-	policies, _ := s.policies.List(labels.Everything())
-	nodes, _ := s.nodes.List(labels.Everything())
-	s.nsOK = collect(s, "Namespace", namespaces, s.nsOK, cluster.ValidateNamespace, st.Namespaces)
-	s.podOK = collect(s, "Pod", pods, s.podOK, cluster.ValidatePod, st.Pods)
-	s.policyOK = collect(s, "NetworkPolicy", policies, s.policyOK, cluster.ValidateNetworkPolicy, st.Policies)
-	s.nodeOK = collect(s, "Node", nodes, s.nodeOK, cluster.ValidateNode, st.Nodes)
-	return st
-}
+// Snapshot returns the valid objects delivered so far. The objects are the cached ones (already
+// stripped and defaulted by Transform), not copies: they must not be modified. An object that
+// fails validation was logged when it arrived and is left out.
+func (s *Source) Snapshot() *cluster.State { return s.objects.Snapshot() }
 
 // Nodes implements cluster.NodeLister.
-func (s *Source) Nodes() map[string]*corev1.Node {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := map[string]*corev1.Node{}
-	nodes, _ := s.nodes.List(labels.Everything())
-	s.nodeOK = collect(s, "Node", nodes, s.nodeOK, cluster.ValidateNode, out)
-	return out
-}
-
-// collect puts the valid objects of list into out and returns the validation verdicts of the
-// objects in list, reusing those of prev.
-func collect[T any, PT interface {
-	*T
-	metav1.Object
-}](s *Source, kind string, list []PT, prev map[PT]bool, validate func(PT) field.ErrorList, out map[string]PT) map[PT]bool {
-	verdicts := make(map[PT]bool, len(list))
-	for _, obj := range list {
-		key := obj.GetName()
-		if obj.GetNamespace() != "" {
-			key = cluster.Key(obj.GetNamespace(), obj.GetName())
-		}
-		ok, known := prev[obj]
-		if !known {
-			errs := validate(obj)
-			ok = len(errs) == 0
-			if !ok {
-				s.logger.Error("ignoring invalid object from the Kubernetes API", "kind", kind, "key", key, "errors", errs.ToAggregate().Error())
-			}
-		}
-		verdicts[obj] = ok
-		if ok {
-			out[key] = obj
-		}
-	}
-	return verdicts
-}
+func (s *Source) Nodes() map[string]*corev1.Node { return s.objects.Nodes() }

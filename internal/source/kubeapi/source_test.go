@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 )
@@ -54,9 +55,7 @@ func add(t *testing.T, s *Source, resource string, obj any) any {
 	}
 	for _, ni := range s.informers {
 		if ni.resource == resource {
-			if err := ni.informer.GetIndexer().Update(obj); err != nil {
-				t.Fatal(err)
-			}
+			ni.events.upsert(obj)
 			return obj
 		}
 	}
@@ -64,6 +63,7 @@ func add(t *testing.T, s *Source, resource string, obj any) any {
 	return nil
 }
 
+// TestSnapshot feeds objects to the event handlers as the informers would.
 func TestSnapshot(t *testing.T) {
 	var logs syncBuffer
 	s := New(unreachable(t), slog.New(slog.NewTextHandler(&logs, nil)))
@@ -115,8 +115,26 @@ func TestSnapshot(t *testing.T) {
 	if len(st.Pods) != 1 {
 		t.Error("earlier snapshot changed")
 	}
-	if len(s.podOK) != 2 {
-		t.Errorf("verdict cache holds %d pods, want 2", len(s.podOK))
+	if st2.Changes == nil || st2.Changes.Since != st.Generation || len(st2.Changes.Pods) != 1 || st2.Changes.Pods[0] != "shop/bad" {
+		t.Errorf("second snapshot's changes: %+v, want pod shop/bad since %d", st2.Changes, st.Generation)
+	}
+	if s.Snapshot() != st2 {
+		t.Error("a snapshot without changes is not the previous one")
+	}
+
+	// A version that turns invalid removes the object; a tombstone removes it too.
+	add(t, s, "pods", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: "shop"},
+		Status: corev1.PodStatus{PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}, {IP: "10.0.0.2"}}}})
+	if st3 := s.Snapshot(); st3.Pods["shop/bad"] != nil {
+		t.Error("a pod that turned invalid is still in the snapshot")
+	}
+	for _, ni := range s.informers {
+		if ni.resource == "nodes" {
+			ni.events.remove(cache.DeletedFinalStateUnknown{Key: "node-1", Obj: node})
+		}
+	}
+	if st4 := s.Snapshot(); len(st4.Nodes) != 0 || len(s.Nodes()) != 0 {
+		t.Errorf("tombstone did not remove the node: %v", st4.Nodes)
 	}
 }
 

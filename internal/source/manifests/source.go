@@ -189,6 +189,8 @@ func (s *Source) reload(notify func()) error {
 	changed := dirErr == nil && (!s.synced.Load() || res.sum != s.sum)
 	if changed {
 		s.sum = res.sum
+		// Unchanged files keep their objects, so a pointer comparison finds what changed.
+		cluster.NumberAfter(res.state, s.state.Load())
 		s.state.Store(res.state)
 		st := res.state
 		s.logger.Info("manifests loaded", "dir", s.dir, "files", res.files, "problems", len(errs),

@@ -1,0 +1,175 @@
+package cluster
+
+import (
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// generations numbers snapshots across every Tracker of the process.
+var generations atomic.Uint64
+
+// Tracker holds the current objects of a source, changed one at a time as events arrive,
+// and hands out immutable snapshots that say which keys changed since the previous one. A
+// snapshot costs a copy of the maps' hash tables, not a walk over the objects, and lets the
+// policy compiler work in proportion to the change. Safe for concurrent use.
+type Tracker struct {
+	mu    sync.Mutex
+	cur   State
+	dirty [4]map[string]struct{} // keys changed since last, per kind
+	// shared marks the maps of cur that last also holds; they are copied before the next
+	// change (copy on write), so a snapshot copies only the kinds that changed.
+	shared [4]bool
+	last   *State
+}
+
+// Kinds of object a Tracker holds, indexing Tracker.dirty.
+const (
+	kindNamespace = iota
+	kindPod
+	kindPolicy
+	kindNode
+)
+
+// NewTracker returns an empty Tracker.
+func NewTracker() *Tracker {
+	t := &Tracker{cur: *NewState()}
+	for i := range t.dirty {
+		t.dirty[i] = map[string]struct{}{}
+	}
+	return t
+}
+
+// NewTrackerFrom returns a Tracker holding the objects of st (which it does not modify).
+func NewTrackerFrom(st *State) *Tracker {
+	t := NewTracker()
+	t.cur = *st.Clone()
+	return t
+}
+
+func put[T any](t *Tracker, mp *map[string]*T, kind int, key string, obj *T) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := *mp
+	if cur, ok := m[key]; cur == obj && (ok || obj == nil) {
+		return
+	}
+	if t.shared[kind] {
+		// maps.Clone copies the hash table as it is, several times faster than re-inserting.
+		m = maps.Clone(m)
+		*mp = m
+		t.shared[kind] = false
+	}
+	if obj == nil {
+		delete(m, key)
+	} else {
+		m[key] = obj
+	}
+	t.dirty[kind][key] = struct{}{}
+}
+
+// SetNamespace stores ns under its name, or removes name when ns is nil.
+func (t *Tracker) SetNamespace(name string, ns *corev1.Namespace) {
+	put(t, &t.cur.Namespaces, kindNamespace, name, ns)
+}
+
+// SetPod stores pod under key (namespace/name), or removes key when pod is nil.
+func (t *Tracker) SetPod(key string, pod *corev1.Pod) { put(t, &t.cur.Pods, kindPod, key, pod) }
+
+// SetPolicy stores np under key (namespace/name), or removes key when np is nil.
+func (t *Tracker) SetPolicy(key string, np *networkingv1.NetworkPolicy) {
+	put(t, &t.cur.Policies, kindPolicy, key, np)
+}
+
+// SetNode stores node under its name, or removes name when node is nil.
+func (t *Tracker) SetNode(name string, node *corev1.Node) { put(t, &t.cur.Nodes, kindNode, name, node) }
+
+// Pod returns the stored pod for key, or nil.
+func (t *Tracker) Pod(key string) *corev1.Pod {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cur.Pods[key]
+}
+
+// Snapshot returns the current objects as an immutable State. When nothing changed since the
+// previous snapshot it returns that one again.
+func (t *Tracker) Snapshot() *State {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	changed := false
+	for _, d := range t.dirty {
+		changed = changed || len(d) > 0
+	}
+	if t.last != nil && !changed {
+		return t.last
+	}
+	st := &State{Namespaces: t.cur.Namespaces, Pods: t.cur.Pods, Policies: t.cur.Policies, Nodes: t.cur.Nodes,
+		Generation: generations.Add(1)}
+	t.shared = [4]bool{true, true, true, true}
+	if t.last != nil {
+		st.Changes = &Changes{
+			Since:      t.last.Generation,
+			Namespaces: sortedSet(t.dirty[kindNamespace]),
+			Pods:       sortedSet(t.dirty[kindPod]),
+			Policies:   sortedSet(t.dirty[kindPolicy]),
+			Nodes:      sortedSet(t.dirty[kindNode]),
+		}
+	}
+	for _, d := range t.dirty {
+		clear(d)
+	}
+	t.last = st
+	return st
+}
+
+// Nodes returns the current Nodes by name; the map is never modified afterwards.
+func (t *Tracker) Nodes() map[string]*corev1.Node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.shared[kindNode] = true // the caller now holds cur's map too
+	return t.cur.Nodes
+}
+
+func sortedSet(m map[string]struct{}) []string {
+	if len(m) == 0 {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(m))
+}
+
+// NumberAfter gives st, a state built as a whole by a source that does not track single
+// changes, a generation and, when prev is numbered, the Changes since prev, found by
+// comparing object pointers. It must be called before st is handed out.
+func NumberAfter(st, prev *State) {
+	st.Generation = generations.Add(1)
+	if prev == nil || prev.Generation == 0 {
+		return
+	}
+	st.Changes = &Changes{
+		Since:      prev.Generation,
+		Namespaces: changedKeys(prev.Namespaces, st.Namespaces),
+		Pods:       changedKeys(prev.Pods, st.Pods),
+		Policies:   changedKeys(prev.Policies, st.Policies),
+		Nodes:      changedKeys(prev.Nodes, st.Nodes),
+	}
+}
+
+func changedKeys[T any](old, new map[string]*T) []string {
+	var keys []string
+	for k, v := range new {
+		if old[k] != v {
+			keys = append(keys, k)
+		}
+	}
+	for k := range old {
+		if _, ok := new[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,99 @@
+package cluster
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestTrackerChanges checks every snapshot's Changes against a pointer comparison with the
+// snapshot before it: a key left out would make the compiler miss a change.
+func TestTrackerChanges(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	tr := NewTracker()
+	prev := tr.Snapshot()
+	if prev.Generation == 0 || prev.Changes != nil {
+		t.Fatalf("first snapshot: generation %d, changes %v; want numbered, no changes", prev.Generation, prev.Changes)
+	}
+	for step := range 500 {
+		for range 1 + r.IntN(4) {
+			name := fmt.Sprintf("o-%d", r.IntN(8))
+			del := r.IntN(3) == 0
+			switch r.IntN(4) {
+			case 0:
+				var ns *corev1.Namespace
+				if !del {
+					ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+				}
+				tr.SetNamespace(name, ns)
+			case 1:
+				var p *corev1.Pod
+				if !del {
+					p = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name}}
+				}
+				tr.SetPod(Key("a", name), p)
+			case 2:
+				var np *networkingv1.NetworkPolicy
+				if !del {
+					np = &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name}}
+				}
+				tr.SetPolicy(Key("a", name), np)
+			case 3:
+				var n *corev1.Node
+				if !del {
+					n = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+				}
+				tr.SetNode(name, n)
+			}
+		}
+		if got := tr.Nodes(); !reflect.DeepEqual(got, tr.cur.Nodes) {
+			t.Fatalf("step %d: Nodes() = %v, want %v", step, got, tr.cur.Nodes)
+		}
+		st := tr.Snapshot()
+		if st == prev {
+			if !reflect.DeepEqual(st.Pods, tr.cur.Pods) || !reflect.DeepEqual(st.Policies, tr.cur.Policies) ||
+				!reflect.DeepEqual(st.Namespaces, tr.cur.Namespaces) || !reflect.DeepEqual(st.Nodes, tr.cur.Nodes) {
+				t.Fatalf("step %d: unchanged snapshot returned although objects changed", step)
+			}
+			continue
+		}
+		if st.Changes == nil || st.Changes.Since != prev.Generation || st.Generation <= prev.Generation {
+			t.Fatalf("step %d: snapshot %d has changes %+v, want since %d", step, st.Generation, st.Changes, prev.Generation)
+		}
+		want := &State{Namespaces: st.Namespaces, Pods: st.Pods, Policies: st.Policies, Nodes: st.Nodes}
+		NumberAfter(want, prev)
+		w, g := *want.Changes, *st.Changes
+		w.Since, g.Since = 0, 0
+		// A key set and reset to its old object between snapshots may be listed; a changed
+		// key must be.
+		for _, c := range []struct {
+			kind      string
+			got, want []string
+		}{{"namespaces", g.Namespaces, w.Namespaces}, {"pods", g.Pods, w.Pods}, {"policies", g.Policies, w.Policies}, {"nodes", g.Nodes, w.Nodes}} {
+			listed := map[string]bool{}
+			for _, k := range c.got {
+				listed[k] = true
+			}
+			for _, k := range c.want {
+				if !listed[k] {
+					t.Fatalf("step %d: %s key %s changed but is not listed in %v", step, c.kind, k, c.got)
+				}
+			}
+		}
+		// Later changes must not leak into a snapshot already handed out.
+		frozen := len(st.Pods) + len(st.Nodes)
+		tr.SetPod(Key("a", "late"), &corev1.Pod{})
+		tr.SetNode("late", &corev1.Node{})
+		if len(st.Pods)+len(st.Nodes) != frozen {
+			t.Fatalf("step %d: a snapshot changed after it was handed out", step)
+		}
+		tr.SetPod(Key("a", "late"), nil)
+		tr.SetNode("late", nil)
+		prev = st
+	}
+}
