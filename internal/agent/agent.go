@@ -35,8 +35,11 @@ type Config struct {
 	ResyncPeriod time.Duration
 	// MinSyncInterval coalesces bursts of events into one transaction.
 	MinSyncInterval time.Duration
-	HealthAddr      string
-	Logger          *slog.Logger
+	// CompactDelay is how long the rules must have been quiet before a backend's deferred
+	// removals are applied (see dataplane.Compactor).
+	CompactDelay time.Duration
+	HealthAddr   string
+	Logger       *slog.Logger
 }
 
 // Agent keeps the kernel in step with the cluster.
@@ -57,6 +60,9 @@ type Agent struct {
 func New(cfg Config) *Agent {
 	if cfg.ResyncPeriod <= 0 {
 		cfg.ResyncPeriod = 30 * time.Second
+	}
+	if cfg.CompactDelay <= 0 {
+		cfg.CompactDelay = time.Second
 	}
 	if cfg.MinSyncInterval <= 0 {
 		cfg.MinSyncInterval = 10 * time.Millisecond
@@ -219,6 +225,9 @@ func (a *Agent) policyLoop(ctx context.Context) error {
 	retry := time.NewTimer(0)
 	<-retry.C
 	backoff := time.Duration(0)
+	compact := time.NewTimer(0)
+	<-compact.C
+	compactor, _ := a.cfg.Policy.(dataplane.Compactor)
 
 	// The first sync replaces the table whole: it converges from whatever an earlier agent
 	// left in the kernel in one atomic step.
@@ -238,6 +247,9 @@ func (a *Agent) policyLoop(ctx context.Context) error {
 					a.retire("network policy", a.cfg.RetireOtherPolicyBackends, ctx)
 					a.logReady()
 				}
+				if compactor != nil && compactor.CompactionPending() {
+					compact.Reset(a.cfg.CompactDelay)
+				}
 			}
 		}
 		select {
@@ -249,6 +261,21 @@ func (a *Agent) policyLoop(ctx context.Context) error {
 			pending = true
 		case <-retry.C:
 			pending = true
+		case <-compact.C:
+			if !compactor.CompactionPending() {
+				break // a later sync compacted already
+			}
+			start := time.Now()
+			res, err := compactor.Compact(ctx)
+			if err != nil {
+				a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()).Inc()
+				a.log.Error("compaction failed; replacing the rules whole", "err", err)
+				full, pending = true, true
+				break
+			}
+			a.metrics.compactions.Inc()
+			a.log.Info("compacted: removed what earlier changes left unreachable", "backend", a.cfg.Policy.Name(),
+				"operations", res.Operations, "full", res.Full, "took", time.Since(start).Round(time.Microsecond))
 		case <-resync.C:
 			if err := a.cfg.Policy.Verify(ctx); err != nil {
 				a.log.Warn("repairing kernel state", "reason", err)

@@ -16,6 +16,7 @@ type metrics struct {
 	programLatency  prometheus.Histogram
 	syncErrors      *prometheus.CounterVec
 	driftRepairs    prometheus.Counter
+	compactions     prometheus.Counter
 	kernelObjects   *prometheus.GaugeVec
 	backendInfo     *prometheus.GaugeVec
 	localPods       prometheus.Gauge
@@ -46,6 +47,10 @@ func newMetrics() *metrics {
 			Name: "netwarden_drift_repairs_total",
 			Help: "Times the kernel state was found changed by someone else and replaced.",
 		}),
+		compactions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "netwarden_compactions_total",
+			Help: "Times removals that changes deferred (iptables-nft) were applied once the rules were quiet.",
+		}),
 		kernelObjects: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "netwarden_kernel_objects",
 			Help: "Objects netwarden keeps in the kernel, by backend and kind (chains, rules, sets, elements).",
@@ -67,7 +72,7 @@ func newMetrics() *metrics {
 			Help: "NetworkPolicies that select at least one local pod.",
 		}),
 	}
-	m.registry.MustRegister(m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.kernelObjects,
+	m.registry.MustRegister(m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
 		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -130,7 +130,7 @@ func agentCmd() *cobra.Command {
 	var mf masqFlags
 	var once bool
 	var healthAddr string
-	var resync time.Duration
+	var resync, compactDelay time.Duration
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Watch the cluster and keep this node's kernel enforcing it",
@@ -148,7 +148,10 @@ func agentCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, HealthAddr: healthAddr, Logger: log}
+			if compactDelay <= 0 {
+				return fmt.Errorf("--compact-delay must be positive, got %v", compactDelay)
+			}
+			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, CompactDelay: compactDelay, HealthAddr: healthAddr, Logger: log}
 			if f.networkPolicy {
 				if cfg.Policy, err = policyBackend(cmd.Context(), f.backend); err != nil {
 					return err
@@ -181,6 +184,8 @@ func agentCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&once, "once", false, "sync once; exit 0 when the kernel holds the desired state, non-zero otherwise")
 	cmd.Flags().StringVar(&healthAddr, "health-addr", "127.0.0.1:9491", "serve /healthz and /readyz on HOST:PORT (empty disables)")
 	cmd.Flags().DurationVar(&resync, "resync-period", 30*time.Second, "how often to check the kernel for drift and repair it")
+	cmd.Flags().DurationVar(&compactDelay, "compact-delay", time.Second,
+		"how long the rules must be quiet before removals that changes deferred are applied (iptables-nft, where a removal costs far more than an addition)")
 	return cmd
 }
 

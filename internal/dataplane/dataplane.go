@@ -37,3 +37,13 @@ type PolicyBackend interface {
 	// Render returns the complete ruleset for rs as the backend would apply it, touching nothing.
 	Render(rs *policy.Ruleset) string
 }
+
+// Compactor is a PolicyBackend that may apply a change as additions only and leave the
+// removals it makes unreachable for later, because removing costs far more than adding (the
+// iptables-nft backend). The sync loop compacts once no change has come for a while.
+type Compactor interface {
+	// CompactionPending reports whether removals are waiting.
+	CompactionPending() bool
+	// Compact applies them.
+	Compact(ctx context.Context) (SyncResult, error)
+}

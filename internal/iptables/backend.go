@@ -28,8 +28,10 @@ type Backend struct {
 	run      *xtables.Runner
 	renderer Renderer
 	// applied is what the kernel held after our last successful sync; nil forces the next
-	// sync to replace everything.
+	// sync to replace everything. When removals were deferred (see withDeferredRemovals) it
+	// holds them, and target is the rendering they lead to.
 	applied *Rendered
+	target  *Rendered
 }
 
 // New returns a backend for one iptables variant after checking that its commands and ipset
@@ -124,18 +126,39 @@ func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.S
 	if b.applied == nil {
 		return b.FullSyncRendered(ctx, want)
 	}
-	p := diff(b.applied, want)
+	p, kernel := diff(b.applied, want), want
 	if p.empty() {
+		b.applied, b.target = want, want // the same content
 		return dataplane.SyncResult{Size: want.size()}, nil
 	}
-	err := b.applyPlan(ctx, p, want)
+	if b.applied == b.target && b.run.Mode == xtables.ModeNFT && p.removes() {
+		// Only iptables-nft pays for removals (see withDeferredRemovals); a rendering that
+		// holds deferred removals already is brought to want directly, which compacts it.
+		k := withDeferredRemovals(b.applied, want)
+		if dp := diff(b.applied, k); !dp.removes() {
+			p, kernel = dp, k
+		}
+	}
+	err := b.applyPlan(ctx, p, kernel)
 	if err == nil {
-		b.applied = want
+		b.applied, b.target = kernel, want
 		return dataplane.SyncResult{Operations: p.operations(), Size: want.size()}, nil
 	}
 	res, ferr := b.FullSyncRendered(ctx, want)
 	res.Fallback = err.Error()
 	return res, ferr
+}
+
+// CompactionPending reports whether the kernel holds removals that a change deferred.
+func (b *Backend) CompactionPending() bool { return b.applied != nil && b.applied != b.target }
+
+// Compact applies the removals that changes deferred: the rules, chains and sets that no
+// packet reaches any more. The agent calls it when no change has come for a while.
+func (b *Backend) Compact(ctx context.Context) (dataplane.SyncResult, error) {
+	if !b.CompactionPending() {
+		return dataplane.SyncResult{}, nil
+	}
+	return b.SyncRendered(ctx, b.target)
 }
 
 func (b *Backend) applyPlan(ctx context.Context, p *plan, want *Rendered) error {
@@ -240,7 +263,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 			return res, fmt.Errorf("iptables full sync: %w", err)
 		}
 	}
-	b.applied = want
+	b.applied, b.target = want, want
 	res.Size = want.size()
 	return res, nil
 }
@@ -317,6 +340,9 @@ func restoreInput(chains map[string][]string, write, gone, edits []string, jf ju
 // socket (the kernel frees deleted rules only after one). A pod or policy added usually only
 // inserts rules, which costs no such wait, and a change touches only the rules it changes.
 func chainEdits(chain string, old, new []string) []string {
+	if edits, ok := subsequenceEdits(chain, old, new); ok {
+		return edits
+	}
 	head := 0
 	for head < len(old) && head < len(new) && old[head] == new[head] {
 		head++
@@ -387,6 +413,23 @@ type plan struct {
 }
 
 func (p *plan) empty() bool { return p.ops == 0 }
+
+// removes reports whether the plan deletes a rule, chain or set: with iptables-nft, a restore
+// that does waits out an RCU grace period as it exits. Set members leaving a set do not count:
+// ipset deletes them without that wait.
+func (p *plan) removes() bool {
+	for _, c := range p.chains {
+		if len(c.gone) > 0 {
+			return true
+		}
+		for _, e := range c.edits {
+			if !strings.HasPrefix(e, "-I ") {
+				return true
+			}
+		}
+	}
+	return bytes.Contains(p.setsAfter, []byte("destroy "))
+}
 
 func (p *plan) operations() int { return p.ops }
 
@@ -560,7 +603,7 @@ func parseIPSetSave(out []byte) map[string][]string {
 // Cleanup removes our chains and the hook jumps, of both variants where the other one works,
 // and then our sets.
 func (b *Backend) Cleanup(ctx context.Context) error {
-	b.applied = nil
+	b.applied, b.target = nil, nil
 	if err := CleanupRules(ctx, b.run); err != nil {
 		return err
 	}

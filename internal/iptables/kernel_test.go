@@ -189,6 +189,20 @@ func TestKernelSyncVerifyCleanup(t *testing.T) {
 				if err := b.Verify(ctx); err != nil {
 					t.Fatalf("verify after removal: %v", err)
 				}
+				// iptables-nft defers the removals until compaction; the kernel holds
+				// exactly what the backend says meanwhile.
+				if pending := b.CompactionPending(); pending != (mode == xtables.ModeNFT) {
+					t.Fatalf("compaction pending %v after removing the policy, want %v", pending, mode == xtables.ModeNFT)
+				}
+				if _, err := b.Compact(ctx); err != nil {
+					t.Fatalf("compact: %v", err)
+				}
+				if b.CompactionPending() {
+					t.Fatal("compaction still pending after Compact")
+				}
+				if err := b.Verify(ctx); err != nil {
+					t.Fatalf("verify after compaction: %v", err)
+				}
 				if got := ours(t, mode); strings.Contains(got, groupPrefix) || strings.Contains(got, "netwarden-p") {
 					t.Fatalf("group chain or set left behind:\n%s", got)
 				}

@@ -92,13 +92,16 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 	var stats Stats
 	var changes []podChange
 	var nsChanged bool
-	if ch := st.Changes; ch != nil && cc.gen != 0 && ch.Since == cc.gen {
+	switch ch := st.Changes; {
+	case st.Generation != 0 && st.Generation == cc.gen:
+		// The same snapshot again (a resync without events): nothing changed.
+	case ch != nil && cc.gen != 0 && ch.Since == cc.gen:
 		changes = cc.diffPodKeys(st, ch.Pods)
 		if len(ch.Namespaces) > 0 || cc.impliedNamespacesChanged(st, changes) {
 			nsChanged = cc.diffNamespaces(st)
 		}
 		cc.updatePolicyKeys(st, ch.Policies)
-	} else {
+	default:
 		changes = cc.diffPods(st)
 		nsChanged = cc.diffNamespaces(st)
 		cc.indexPolicies(st)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/netwarden/netwarden/internal/simnode"
 	"github.com/netwarden/netwarden/internal/testbed"
@@ -81,6 +82,24 @@ exec %q "$@"
 	}
 	wrappers[be.name] = path
 	return path
+}
+
+// settledKernelState is kernelState once the agent has applied the removals that changes
+// deferred (iptables-nft compacts after --compact-delay, 1s, of quiet): the state no longer
+// changes over twice that delay.
+func settledKernelState(ctx context.Context, t *testing.T, bed *testbed.Bed, be backend) string {
+	t.Helper()
+	state := kernelState(ctx, bed, be)
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(2 * time.Second)
+		next := kernelState(ctx, bed, be)
+		if next == state {
+			return state
+		}
+		state = next
+	}
+	t.Fatalf("kernel state still changing after 30s:\n%s", state)
+	return ""
 }
 
 // kernelState prints what the backend holds in the node netns, in a canonical order, so two

@@ -241,7 +241,7 @@ func TestEventOrder(t *testing.T) {
 		w.apply(t)
 		w.check(t, "policy updated, then namespace relabelled")
 
-		incremental := kernelState(ctx, w.sim.Bed, be)
+		incremental := settledKernelState(ctx, t, w.sim.Bed, be)
 		if err := w.sim.StopAgent(); err != nil {
 			t.Fatal(err)
 		}
