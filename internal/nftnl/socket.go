@@ -1,6 +1,7 @@
 package nftnl
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -141,4 +142,94 @@ func (s *socket) receive() ([]netlink.Message, error) {
 		}
 	}
 	return msgs, nil
+}
+
+// Raw is a lasting nfnetlink socket for the subsystems google/nftables does not speak, such as
+// conntrack. Like Conn, it is meant to stay open for its owner's life.
+type Raw struct {
+	sock *socket
+	seq  uint32
+}
+
+// DialRaw opens a Raw socket in the calling thread's network namespace.
+func DialRaw() (*Raw, error) {
+	s, err := openSocket()
+	if err != nil {
+		return nil, fmt.Errorf("nfnetlink: %w", err)
+	}
+	return &Raw{sock: s}, nil
+}
+
+// Dump sends a dump request and returns the data of every reply message.
+func (r *Raw) Dump(typ netlink.HeaderType, data []byte) ([][]byte, error) {
+	r.seq++
+	req := netlink.Message{Header: netlink.Header{Type: typ, Flags: netlink.Request | netlink.Dump, Sequence: r.seq,
+		Length: uint32(16 + len(data))}, Data: data}
+	if err := r.sock.send([]netlink.Message{req}); err != nil {
+		return nil, err
+	}
+	var out [][]byte
+	for {
+		msgs, err := r.sock.receive()
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			switch m.Header.Type {
+			case netlink.Done:
+				return out, nil
+			case netlink.Error:
+				if err := ackError(m); err != nil {
+					return nil, err
+				}
+				return out, nil
+			}
+			out = append(out, m.Data)
+		}
+	}
+}
+
+// Requests sends one acknowledged request per element of data, all in one datagram, and
+// returns the error the kernel gave each (nil for success).
+func (r *Raw) Requests(typ netlink.HeaderType, data [][]byte) ([]error, error) {
+	if len(data) == 0 {
+		return nil, nil
+	}
+	first := r.seq + 1
+	msgs := make([]netlink.Message, len(data))
+	for i, d := range data {
+		r.seq++
+		msgs[i] = netlink.Message{Header: netlink.Header{Type: typ, Flags: netlink.Request | netlink.Acknowledge,
+			Sequence: r.seq, Length: uint32(16 + len(d))}, Data: d}
+	}
+	if err := r.sock.send(msgs); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(data))
+	for got := 0; got < len(data); {
+		replies, err := r.sock.receive()
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range replies {
+			i := int(m.Header.Sequence - first)
+			if m.Header.Type != netlink.Error || i < 0 || i >= len(data) {
+				continue
+			}
+			errs[i] = ackError(m)
+			got++
+		}
+	}
+	return errs, nil
+}
+
+// ackError decodes an NLMSG_ERROR message: nil for an acknowledgement.
+func ackError(m netlink.Message) error {
+	if len(m.Data) < 4 {
+		return errors.New("nfnetlink: short error message")
+	}
+	if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
+		return unix.Errno(-code)
+	}
+	return nil
 }

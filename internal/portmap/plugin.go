@@ -3,13 +3,14 @@ package portmap
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 
-	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/netwarden/netwarden/internal/cni"
+	"github.com/netwarden/netwarden/internal/conntrack"
+	"github.com/netwarden/netwarden/internal/nftnl"
 )
 
 // Plugin is netwarden-portmap.
@@ -48,7 +49,8 @@ func (Plugin) AfterAdd(inv *cni.Invocation, _ *cni.Desired) error {
 			}
 		}
 	}
-	return flushUDP(cfg.Mappings, families(inv))
+	v4, v6 := families(inv)
+	return flushUDP(cfg.Mappings, v4, v6)
 }
 
 func (Plugin) AfterDel(inv *cni.Invocation, _ *cni.Desired) error {
@@ -56,62 +58,52 @@ func (Plugin) AfterDel(inv *cni.Invocation, _ *cni.Desired) error {
 	if err != nil {
 		return err
 	}
-	return flushUDP(cfg.Mappings, families(inv))
+	v4, v6 := families(inv)
+	return flushUDP(cfg.Mappings, v4, v6)
 }
 
-// families lists the conntrack families the container's mappings can have entries in: those of
-// its IPs, or both when DEL comes without a prevResult.
-func families(inv *cni.Invocation) []netlink.InetFamily {
+// families says which conntrack families the container's mappings can have entries in: those
+// of its IPs, or both when DEL comes without a prevResult.
+func families(inv *cni.Invocation) (v4, v6 bool) {
 	if inv.Result == nil {
-		return []netlink.InetFamily{netlink.FAMILY_V4, netlink.FAMILY_V6}
+		return true, true
 	}
-	var v4, v6 bool
 	for _, p := range ContainerIPs(inv.Result) {
 		v4, v6 = v4 || p.Addr().Is4(), v6 || p.Addr().Is6()
 	}
-	var out []netlink.InetFamily
-	if v4 {
-		out = append(out, netlink.FAMILY_V4)
-	}
-	if v6 {
-		out = append(out, netlink.FAMILY_V6)
-	}
-	return out
+	return v4, v6
 }
 
 // flushUDP deletes conntrack entries of UDP traffic to the mapped host ports: UDP "connections"
 // that predate the change would otherwise keep their old translation (or none) until they idle
 // out, so a client that keeps sending never reaches the new container.
-func flushUDP(mappings []Mapping, fams []netlink.InetFamily) error {
-	var errs []error
-	for _, fam := range fams {
-		// One dump per family with every mapping's filter: a dump walks the whole conntrack
-		// table, which is shared by all network namespaces, so it is the cost that counts.
-		var filters []netlink.CustomConntrackFilter
-		for _, m := range mappings {
-			if m.Protocol != "udp" || (m.HostIP.IsValid() && m.HostIP.Is4() != (fam == netlink.FAMILY_V4)) {
-				continue
-			}
-			f := &netlink.ConntrackFilter{}
-			if err := f.AddProtocol(17); err != nil {
-				return err
-			}
-			if err := f.AddPort(netlink.ConntrackOrigDstPort, m.HostPort); err != nil {
-				return err
-			}
-			if m.HostIP.IsValid() {
-				if err := f.AddIP(netlink.ConntrackOrigDstIP, net.IP(m.HostIP.AsSlice())); err != nil {
-					return err
-				}
-			}
-			filters = append(filters, f)
-		}
-		if len(filters) == 0 {
+//
+// The socket is left open on purpose: the plugin exits right after, and closing it here would
+// wait for the kernel to free what the DEL's nftables commit deleted (see nftnl.Conn).
+func flushUDP(mappings []Mapping, v4, v6 bool) error {
+	var matches []conntrack.Match
+	for _, m := range mappings {
+		if m.Protocol != "udp" {
 			continue
 		}
-		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, filters...); err != nil {
-			errs = append(errs, fmt.Errorf("conntrack: flush UDP to host ports: %w", err))
+		cm := conntrack.Match{Protocol: unix.IPPROTO_UDP, DstPort: uint16(m.HostPort), IPv4: v4, IPv6: v6}
+		if m.HostIP.IsValid() {
+			cm.Dst = m.HostIP
+			cm.IPv4, cm.IPv6 = v4 && m.HostIP.Is4(), v6 && m.HostIP.Is6()
+		}
+		if cm.IPv4 || cm.IPv6 {
+			matches = append(matches, cm)
 		}
 	}
-	return errors.Join(errs...)
+	if len(matches) == 0 {
+		return nil
+	}
+	sock, err := nftnl.DialRaw()
+	if err != nil {
+		return fmt.Errorf("conntrack: flush UDP to host ports: %w", err)
+	}
+	if _, err := conntrack.Delete(sock, matches); err != nil {
+		return fmt.Errorf("flush UDP to host ports: %w", err)
+	}
+	return nil
 }
