@@ -88,13 +88,6 @@ func (t *Tracker) SetPolicy(key string, np *networkingv1.NetworkPolicy) {
 // SetNode stores node under its name, or removes name when node is nil.
 func (t *Tracker) SetNode(name string, node *corev1.Node) { put(t, &t.cur.Nodes, kindNode, name, node) }
 
-// Pod returns the stored pod for key, or nil.
-func (t *Tracker) Pod(key string) *corev1.Pod {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.cur.Pods[key]
-}
-
 // Snapshot returns the current objects as an immutable State. When nothing changed since the
 // previous snapshot it returns that one again.
 func (t *Tracker) Snapshot() *State {

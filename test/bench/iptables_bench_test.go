@@ -139,10 +139,13 @@ func BenchmarkIPTablesConnRate(b *testing.B) {
 			for b.Loop() {
 				for round := 0; round < 7; round++ {
 					load(nil)
+					settle()
 					without = append(without, connect(b, client, dst, 3*time.Second, 4))
 					load(empty)
+					settle()
 					hooks = append(hooks, connect(b, client, dst, 3*time.Second, 4))
 					load(rs)
+					settle()
 					with = append(with, connect(b, client, dst, 3*time.Second, 4))
 				}
 			}

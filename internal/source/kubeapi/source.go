@@ -1,8 +1,10 @@
 // Package kubeapi provides cluster state from the Kubernetes API through client-go shared informers.
 //
 // Objects are stripped to the fields the agent uses and defaulted as they enter the informer caches
-// (see Transform), so a Snapshot only copies pointers to the cached objects. Those objects are
-// shared by the caches and every snapshot: they must never be modified.
+// (see Transform). The event handlers validate each object once, as it arrives, and keep the valid
+// ones in a cluster.Tracker, so a Snapshot copies only the maps of the kinds that changed and lists
+// the changed keys. The objects are shared by the caches and every snapshot: they must never be
+// modified.
 package kubeapi
 
 import (
