@@ -73,9 +73,17 @@ type NodeLister interface {
 func (s *State) Clone() *State {
 	// maps.Clone copies the hash table as it is, several times faster than re-inserting.
 	return &State{
-		Namespaces: maps.Clone(s.Namespaces),
-		Pods:       maps.Clone(s.Pods),
-		Policies:   maps.Clone(s.Policies),
-		Nodes:      maps.Clone(s.Nodes),
+		Namespaces: cloneMap(s.Namespaces),
+		Pods:       cloneMap(s.Pods),
+		Policies:   cloneMap(s.Policies),
+		Nodes:      cloneMap(s.Nodes),
 	}
+}
+
+// cloneMap is maps.Clone, except that a nil map comes back empty and writable.
+func cloneMap[T any](m map[string]*T) map[string]*T {
+	if m == nil {
+		return map[string]*T{}
+	}
+	return maps.Clone(m)
 }

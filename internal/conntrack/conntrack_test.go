@@ -36,6 +36,18 @@ func TestDeleteMatchesBothFamiliesInOneCall(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// sendFrom uses a source port of its own, so that every call is a new entry.
+		sendFrom := func(port int, to string) {
+			from := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)))
+			c, err := net.DialUDP("udp", from, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(to)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
 		for _, to := range []string{"127.0.0.1:5000", "[::1]:5000", "127.0.0.1:6000", "[::1]:6000"} {
 			send(to)
 		}
@@ -68,6 +80,15 @@ func TestDeleteMatchesBothFamiliesInOneCall(t *testing.T) {
 		}
 		if n := del(Match{Protocol: unix.IPPROTO_UDP, DstPort: 5000, IPv4: true, IPv6: true}); n != 0 {
 			t.Errorf("entries deleted twice: %d", n)
+		}
+		// More entries than one datagram of deletes, or the socket's buffer of their
+		// acknowledgements, can hold: a busy UDP host port.
+		const many = 700
+		for i := range many {
+			sendFrom(20000+i, "127.0.0.1:7000")
+		}
+		if n := del(Match{Protocol: unix.IPPROTO_UDP, DstPort: 7000, IPv4: true}); n != many {
+			t.Errorf("port 7000: deleted %d entries, want %d", n, many)
 		}
 	}, "ip", "nft")
 }

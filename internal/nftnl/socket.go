@@ -24,6 +24,10 @@ import (
 type socket struct {
 	fd  int
 	buf []byte
+	// sendErr is the failure of the last send. nltest's socket reports a send's error only
+	// on the next receive, so every receive returns it until the next send: no reply can
+	// come for messages that never left.
+	sendErr error
 }
 
 // receiveTimeout bounds a wait for the kernel's reply, so that a reply that never comes
@@ -64,7 +68,11 @@ func (s *socket) exchange(req []netlink.Message) ([]netlink.Message, error) {
 		return nil, os.NewSyscallError("sendmsg", unix.EBADF)
 	}
 	if len(req) > 0 {
-		return nil, s.send(req)
+		s.sendErr = s.send(req)
+		return nil, s.sendErr
+	}
+	if s.sendErr != nil {
+		return nil, s.sendErr
 	}
 	return s.receive()
 }
@@ -160,7 +168,8 @@ func DialRaw() (*Raw, error) {
 	return &Raw{sock: s}, nil
 }
 
-// Dump sends a dump request and returns the data of every reply message.
+// Dump sends a dump request and returns the data of every reply message. Replies to earlier
+// requests (of a call that failed half-way) are skipped by their sequence number.
 func (r *Raw) Dump(typ netlink.HeaderType, data []byte) ([][]byte, error) {
 	r.seq++
 	req := netlink.Message{Header: netlink.Header{Type: typ, Flags: netlink.Request | netlink.Dump, Sequence: r.seq,
@@ -175,10 +184,14 @@ func (r *Raw) Dump(typ netlink.HeaderType, data []byte) ([][]byte, error) {
 			return nil, err
 		}
 		for _, m := range msgs {
-			switch m.Header.Type {
-			case netlink.Done:
+			if m.Header.Sequence != r.seq {
+				continue
+			}
+			switch {
+			case m.Header.Type == netlink.Done && len(m.Data) < 4:
 				return out, nil
-			case netlink.Error:
+			case m.Header.Type == netlink.Done, m.Header.Type == netlink.Error:
+				// Both carry an error code; 0 ends a dump that succeeded.
 				if err := ackError(m); err != nil {
 					return nil, err
 				}
@@ -189,12 +202,25 @@ func (r *Raw) Dump(typ netlink.HeaderType, data []byte) ([][]byte, error) {
 	}
 }
 
-// Requests sends one acknowledged request per element of data, all in one datagram, and
-// returns the error the kernel gave each (nil for success).
+// requestsPerDatagram bounds one send of Requests: the kernel queues every acknowledgement
+// in the socket's receive buffer before the send returns, and drops those that do not fit
+// (about 256 with the default buffer); the send buffer bounds the datagram too.
+const requestsPerDatagram = 128
+
+// Requests sends one acknowledged request per element of data, in datagrams of at most
+// requestsPerDatagram, and returns the error the kernel gave each (nil for success).
 func (r *Raw) Requests(typ netlink.HeaderType, data [][]byte) ([]error, error) {
-	if len(data) == 0 {
-		return nil, nil
+	errs := make([]error, len(data))
+	for start := 0; start < len(data); start += requestsPerDatagram {
+		chunk := data[start:min(start+requestsPerDatagram, len(data))]
+		if err := r.requests(typ, chunk, errs[start:]); err != nil {
+			return nil, err
+		}
 	}
+	return errs, nil
+}
+
+func (r *Raw) requests(typ netlink.HeaderType, data [][]byte, errs []error) error {
 	first := r.seq + 1
 	msgs := make([]netlink.Message, len(data))
 	for i, d := range data {
@@ -203,24 +229,25 @@ func (r *Raw) Requests(typ netlink.HeaderType, data [][]byte) ([]error, error) {
 			Sequence: r.seq, Length: uint32(16 + len(d))}, Data: d}
 	}
 	if err := r.sock.send(msgs); err != nil {
-		return nil, err
+		return err
 	}
-	errs := make([]error, len(data))
+	answered := make([]bool, len(data))
 	for got := 0; got < len(data); {
 		replies, err := r.sock.receive()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		for _, m := range replies {
 			i := int(m.Header.Sequence - first)
-			if m.Header.Type != netlink.Error || i < 0 || i >= len(data) {
+			if m.Header.Type != netlink.Error || i < 0 || i >= len(data) || answered[i] {
 				continue
 			}
+			answered[i] = true
 			errs[i] = ackError(m)
 			got++
 		}
 	}
-	return errs, nil
+	return nil
 }
 
 // ackError decodes an NLMSG_ERROR message: nil for an acknowledgement.

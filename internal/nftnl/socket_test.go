@@ -1,0 +1,34 @@
+package nftnl
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// TestSendErrorReachesEveryReceive: a batch that never left must fail its receives at once,
+// not wait for replies until the receive timeout.
+func TestSendErrorReachesEveryReceive(t *testing.T) {
+	s, err := openSocket()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	if err := unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096); err != nil {
+		t.Fatal(err)
+	}
+	big := netlink.Message{Header: netlink.Header{Type: 1, Flags: netlink.Request | netlink.Acknowledge, Length: 16 + 1<<16},
+		Data: make([]byte, 1<<16)}
+	if _, err := s.exchange([]netlink.Message{big}); !errors.Is(err, unix.EMSGSIZE) {
+		t.Fatalf("sending a datagram larger than the send buffer: %v, want EMSGSIZE", err)
+	}
+	// Each receive gets the send's error (a receive that waited for a reply would end in a
+	// timeout error instead).
+	for range 3 {
+		if _, err := s.exchange(nil); !errors.Is(err, unix.EMSGSIZE) {
+			t.Fatalf("receive after a failed send: %v, want the send's EMSGSIZE", err)
+		}
+	}
+}
