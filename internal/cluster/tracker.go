@@ -55,7 +55,7 @@ func put[T any](t *Tracker, mp *map[string]*T, kind int, key string, obj *T) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	m := *mp
-	if cur, ok := m[key]; cur == obj && (ok || obj == nil) {
+	if m[key] == obj { // stored values are never nil, so this also covers removing an absent key
 		return
 	}
 	if t.shared[kind] {

@@ -141,33 +141,6 @@ func TestNames(t *testing.T) {
 // TestChainEdits applies the edit lines to the old rules, as iptables-restore would, and
 // requires the new rules, for heads, tails, middles, growth, shrinking and emptying.
 func TestChainEdits(t *testing.T) {
-	apply := func(rules []string, edits []string) []string {
-		out := slices.Clone(rules)
-		for _, e := range edits {
-			f := strings.SplitN(e, " ", 4)
-			pos, err := strconv.Atoi(f[2])
-			if err != nil || f[1] != "C" {
-				t.Fatalf("bad edit %q", e)
-			}
-			switch f[0] {
-			case "-I":
-				if pos < 1 || pos > len(out)+1 {
-					t.Fatalf("insert at %d of %d rules: %q", pos, len(out), e)
-				}
-				out = slices.Insert(out, pos-1, f[3])
-			case "-R":
-				out[pos-1] = f[3]
-			case "-D":
-				if len(f) != 3 {
-					t.Fatalf("delete with a rule: %q", e)
-				}
-				out = slices.Delete(out, pos-1, pos)
-			default:
-				t.Fatalf("unknown edit %q", e)
-			}
-		}
-		return out
-	}
 	cases := [][2][]string{
 		{{"a", "b", "c"}, {"a", "x", "b", "c"}},
 		{{"a", "b", "c"}, {"x", "a", "b", "c"}},
@@ -182,11 +155,49 @@ func TestChainEdits(t *testing.T) {
 	}
 	for _, c := range cases {
 		edits := chainEdits("C", c[0], c[1])
-		if got := apply(c[0], edits); !slices.Equal(got, c[1]) {
+		if got := applyEdits(t, "C", c[0], edits); !slices.Equal(got, c[1]) {
 			t.Errorf("%q -> %q: edits %q give %q", c[0], c[1], edits, got)
 		}
 		if onlyInserts := len(c[1]) > len(c[0]); onlyInserts && strings.Contains(strings.Join(edits, "\n"), "-D") {
 			t.Errorf("%q -> %q: growth must not delete: %q", c[0], c[1], edits)
 		}
 	}
+}
+
+// applyEdits applies the -I, -R and -D lines of one chain as iptables-restore does, failing
+// on an edit that restore would refuse.
+func applyEdits(t *testing.T, chain string, rules, edits []string) []string {
+	t.Helper()
+	out := slices.Clone(rules)
+	for _, e := range edits {
+		f := strings.SplitN(e, " ", 4)
+		if len(f) < 3 || f[1] != chain {
+			t.Fatalf("bad edit of chain %s: %q", chain, e)
+		}
+		pos, err := strconv.Atoi(f[2])
+		if err != nil {
+			t.Fatalf("bad edit %q", e)
+		}
+		limit := len(out)
+		if f[0] == "-I" {
+			limit++
+		}
+		if pos < 1 || pos > limit {
+			t.Fatalf("%s at %d of %d rules: %q", f[0], pos, len(out), e)
+		}
+		switch f[0] {
+		case "-I":
+			out = slices.Insert(out, pos-1, f[3])
+		case "-R":
+			out[pos-1] = f[3]
+		case "-D":
+			if len(f) != 3 {
+				t.Fatalf("delete with a rule: %q", e)
+			}
+			out = slices.Delete(out, pos-1, pos)
+		default:
+			t.Fatalf("unknown edit %q", e)
+		}
+	}
+	return out
 }

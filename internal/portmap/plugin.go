@@ -102,7 +102,7 @@ func flushUDP(mappings []Mapping, v4, v6 bool) error {
 	if err != nil {
 		return fmt.Errorf("conntrack: flush UDP to host ports: %w", err)
 	}
-	if _, err := conntrack.Delete(sock, matches); err != nil {
+	if err := conntrack.Delete(sock, matches); err != nil {
 		return fmt.Errorf("flush UDP to host ports: %w", err)
 	}
 	return nil

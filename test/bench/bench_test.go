@@ -272,68 +272,96 @@ func benchIncremental(b *testing.B, node string, base *cluster.State, ch change,
 // BenchmarkConnRate measures new TCP connections per second from a client pod to a server pod
 // through the node, with no rules and with the whole benchmark cluster's policies loaded. The
 // server's namespace is isolated and the flow is allowed only by the policy that sorts last.
-// The two configurations alternate in the same run; the ratio is what counts.
 func BenchmarkConnRate(b *testing.B) {
+	connRate(b, func() (dataplane.PolicyBackend, error) { return nftables.New() })
+}
+
+// connRate measures the connection rate of three configurations of one backend: no rules, our
+// hooks with an empty ruleset (stateful filtering before any policy rule), and the benchmark
+// cluster's policies. Each configuration has a node of its own, loaded once, so the run can
+// alternate between them in short windows without reloading rules in between. A round measures
+// each node once, in an order that rotates, and gives paired ratios; their medians are
+// reported, so that a drift of the machine's speed during the run cancels out.
+func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) {
 	requireRoot(b)
-	bed := newBed(b)
-	server, err := bed.AddPod("ns-00000", "pod-000000")
-	if err != nil {
-		b.Fatal(err)
-	}
-	client, err := bed.AddPod("ns-00001", "pod-000001")
-	if err != nil {
-		b.Fatal(err)
-	}
+	const (
+		rounds = 21
+		window = time.Second
+	)
 	spec := synth.Default()
-	spec.LocalIPs = []netip.Addr{server.IPv4, client.IPv4}
-	st := synth.Generate(spec)
-	allowLast(st, "ns-00000", "ns-00001")
-	rs, stats := policy.Compile(st, spec.LocalNode)
-	if stats.IsolatedPods == 0 {
-		b.Fatal("no pod isolated")
+	type node struct {
+		name   string
+		bed    *testbed.Bed
+		client *testbed.Pod
+		dst    netip.AddrPort
+		rates  []float64
 	}
-	dst := netip.AddrPortFrom(server.IPv4, 80)
-	if n := connect(b, client, dst, 300*time.Millisecond, 1); n == 0 {
-		b.Fatal("client cannot reach server without rules")
-	}
-	// The empty ruleset has our hooks and conntrack but isolates nothing: it shows what
-	// stateful filtering costs before any policy rule.
-	empty, _ := policy.Compile(cluster.NewState(), spec.LocalNode)
-	load := func(rs *policy.Ruleset) {
-		inNode(b, bed, func() error {
-			be, err := nftables.New()
-			if err != nil {
+	nodes := []*node{{name: "no-rules"}, {name: "hooks-only"}, {name: "10k-policies"}}
+	for i, n := range nodes {
+		n.bed = newBed(b)
+		server, err := n.bed.AddPod("ns-00000", "pod-000000")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n.client, err = n.bed.AddPod("ns-00001", "pod-000001"); err != nil {
+			b.Fatal(err)
+		}
+		n.dst = netip.AddrPortFrom(server.IPv4, 80)
+		var rs *policy.Ruleset
+		switch i {
+		case 1:
+			rs, _ = policy.Compile(cluster.NewState(), spec.LocalNode)
+		case 2:
+			spec.LocalIPs = []netip.Addr{server.IPv4, n.client.IPv4}
+			st := synth.Generate(spec)
+			allowLast(st, "ns-00000", "ns-00001")
+			var stats policy.Stats
+			if rs, stats = policy.Compile(st, spec.LocalNode); stats.IsolatedPods == 0 {
+				b.Fatal("no pod isolated")
+			}
+		}
+		if rs != nil {
+			inNode(b, n.bed, func() error {
+				be, err := newBackend()
+				if err != nil {
+					return err
+				}
+				_, err = be.FullSync(context.Background(), rs)
 				return err
-			}
-			if rs == nil {
-				return be.Cleanup(context.Background())
-			}
-			_, err = be.FullSync(context.Background(), rs)
-			return err
-		})
-	}
-	var without, hooks, with []float64
-	for b.Loop() {
-		for round := 0; round < 7; round++ {
-			load(nil)
-			settle()
-			without = append(without, connect(b, client, dst, 3*time.Second, 4))
-			load(empty)
-			settle()
-			hooks = append(hooks, connect(b, client, dst, 3*time.Second, 4))
-			load(rs)
-			settle()
-			with = append(with, connect(b, client, dst, 3*time.Second, 4))
+			})
+			b.Cleanup(func() {
+				_ = n.bed.InNode(func() error {
+					be, err := newBackend()
+					if err != nil {
+						return err
+					}
+					return be.Cleanup(context.Background())
+				})
+			})
+		}
+		if connect(b, n.client, n.dst, 300*time.Millisecond, 1) == 0 {
+			b.Fatalf("%s: client cannot reach server", n.name)
 		}
 	}
-	median := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
-	mw, mh, mo := median(with), median(hooks), median(without)
-	b.ReportMetric(mo, "conn/s-no-rules")
-	b.ReportMetric(mh, "conn/s-hooks-only")
-	b.ReportMetric(mw, "conn/s-10k-policies")
-	b.ReportMetric(mw/mo, "ratio")
-	b.ReportMetric(mw/mh, "ratio-vs-hooks")
-	load(nil)
+	var ratio, ratioVsHooks []float64
+	for b.Loop() {
+		for round := range rounds {
+			settle()
+			for k := range nodes {
+				n := nodes[(round+k)%len(nodes)]
+				n.rates = append(n.rates, connect(b, n.client, n.dst, window, 4))
+			}
+			last := func(n *node) float64 { return n.rates[len(n.rates)-1] }
+			ratio = append(ratio, last(nodes[2])/last(nodes[0]))
+			ratioVsHooks = append(ratioVsHooks, last(nodes[2])/last(nodes[1]))
+		}
+	}
+	median := func(v []float64) float64 { v = slices.Clone(v); sort.Float64s(v); return v[len(v)/2] }
+	for _, n := range nodes {
+		b.ReportMetric(median(n.rates), "conn/s-"+n.name)
+	}
+	b.ReportMetric(median(ratio), "ratio")
+	b.ReportMetric(median(ratioVsHooks), "ratio-vs-hooks")
 }
 
 // allowLast adds the policies that admit client -> server, named to sort after every other

@@ -3,12 +3,9 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net/netip"
-	"sort"
 	"testing"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -89,74 +86,11 @@ func BenchmarkIPTablesIncremental(b *testing.B) {
 	}
 }
 
-// BenchmarkIPTablesConnRate is BenchmarkConnRate on the iptables backend: new TCP connections
-// per second through the node with no rules, with our chains but no policy, and with the whole
-// benchmark cluster's policies loaded, alternating in one run.
+// BenchmarkIPTablesConnRate is BenchmarkConnRate on the iptables backend, for each variant.
 func BenchmarkIPTablesConnRate(b *testing.B) {
-	requireRoot(b)
 	for _, mode := range iptablesModes {
 		b.Run(string(mode), func(b *testing.B) {
-			bed := newBed(b)
-			server, err := bed.AddPod("ns-00000", "pod-000000")
-			if err != nil {
-				b.Fatal(err)
-			}
-			client, err := bed.AddPod("ns-00001", "pod-000001")
-			if err != nil {
-				b.Fatal(err)
-			}
-			spec := synth.Default()
-			spec.LocalIPs = []netip.Addr{server.IPv4, client.IPv4}
-			st := synth.Generate(spec)
-			allowLast(st, "ns-00000", "ns-00001")
-			rs, stats := policy.Compile(st, spec.LocalNode)
-			if stats.IsolatedPods == 0 {
-				b.Fatal("no pod isolated")
-			}
-			dst := netip.AddrPortFrom(server.IPv4, 80)
-			if n := connect(b, client, dst, 300*time.Millisecond, 1); n == 0 {
-				b.Fatal("client cannot reach server without rules")
-			}
-			empty, _ := policy.Compile(cluster.NewState(), spec.LocalNode)
-			load := func(rs *policy.Ruleset) {
-				inNode(b, bed, func() error {
-					be, err := newIPTables(mode)
-					if err != nil {
-						return err
-					}
-					if rs == nil {
-						return be.Cleanup(context.Background())
-					}
-					_, err = be.FullSync(context.Background(), rs)
-					return err
-				})
-			}
-			load(rs)
-			if n := connect(b, client, dst, 300*time.Millisecond, 1); n == 0 {
-				b.Fatal("client cannot reach server with the policies that allow it")
-			}
-			var without, hooks, with []float64
-			for b.Loop() {
-				for round := 0; round < 7; round++ {
-					load(nil)
-					settle()
-					without = append(without, connect(b, client, dst, 3*time.Second, 4))
-					load(empty)
-					settle()
-					hooks = append(hooks, connect(b, client, dst, 3*time.Second, 4))
-					load(rs)
-					settle()
-					with = append(with, connect(b, client, dst, 3*time.Second, 4))
-				}
-			}
-			median := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
-			mw, mh, mo := median(with), median(hooks), median(without)
-			b.ReportMetric(mo, "conn/s-no-rules")
-			b.ReportMetric(mh, "conn/s-hooks-only")
-			b.ReportMetric(mw, "conn/s-10k-policies")
-			b.ReportMetric(mw/mo, "ratio")
-			b.ReportMetric(mw/mh, "ratio-vs-hooks")
-			load(nil)
+			connRate(b, func() (dataplane.PolicyBackend, error) { return newIPTables(mode) })
 		})
 	}
 }
