@@ -123,6 +123,16 @@ func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.S
 	if want.err != nil {
 		return dataplane.SyncResult{}, want.err
 	}
+	if b.CompactionPending() && diff(b.target, want).empty() {
+		// Nothing changed since the change that deferred removals: they keep waiting for
+		// the compaction instead of being paid by this sync.
+		b.target = want
+		return dataplane.SyncResult{Size: want.size()}, nil
+	}
+	return b.sync(ctx, want)
+}
+
+func (b *Backend) sync(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
 	if b.applied == nil {
 		return b.FullSyncRendered(ctx, want)
 	}
@@ -158,7 +168,7 @@ func (b *Backend) Compact(ctx context.Context) (dataplane.SyncResult, error) {
 	if !b.CompactionPending() {
 		return dataplane.SyncResult{}, nil
 	}
-	return b.SyncRendered(ctx, b.target)
+	return b.sync(ctx, b.target)
 }
 
 func (b *Backend) applyPlan(ctx context.Context, p *plan, want *Rendered) error {

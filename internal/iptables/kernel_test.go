@@ -194,6 +194,13 @@ func TestKernelSyncVerifyCleanup(t *testing.T) {
 				if pending := b.CompactionPending(); pending != (mode == xtables.ModeNFT) {
 					t.Fatalf("compaction pending %v after removing the policy, want %v", pending, mode == xtables.ModeNFT)
 				}
+				// A sync that changes nothing leaves them to the compaction.
+				if res, err := b.Sync(ctx, rsEmpty); err != nil || res.Operations != 0 {
+					t.Fatalf("no-op sync with removals deferred: %+v %v", res, err)
+				}
+				if pending := b.CompactionPending(); pending != (mode == xtables.ModeNFT) {
+					t.Fatalf("compaction pending %v after a no-op sync, want %v", pending, mode == xtables.ModeNFT)
+				}
 				if _, err := b.Compact(ctx); err != nil {
 					t.Fatalf("compact: %v", err)
 				}
