@@ -47,14 +47,20 @@ type entry struct {
 	hasZone    bool
 }
 
+// covers reports whether m selects entries of family.
+func (m Match) covers(family uint8) bool {
+	switch family {
+	case unix.AF_INET:
+		return m.IPv4 && (!m.Dst.IsValid() || m.Dst.Is4())
+	case unix.AF_INET6:
+		return m.IPv6 && (!m.Dst.IsValid() || m.Dst.Is6())
+	}
+	return false
+}
+
 func (e entry) matches(m Match) bool {
-	if e.proto != m.Protocol || e.dstPort != m.DstPort {
-		return false
-	}
-	if (e.family == unix.AF_INET && !m.IPv4) || (e.family == unix.AF_INET6 && !m.IPv6) {
-		return false
-	}
-	return !m.Dst.IsValid() || m.Dst == e.dst
+	return e.proto == m.Protocol && e.dstPort == m.DstPort && m.covers(e.family) &&
+		(!m.Dst.IsValid() || m.Dst == e.dst)
 }
 
 // Delete removes every entry of the conntrack table that matches any of matches. An entry
@@ -76,12 +82,9 @@ func Delete(sock *nftnl.Raw, matches []Match) error {
 func flush(sock *nftnl.Raw, matches []Match) error {
 	var reqs [][]byte
 	for _, m := range matches {
-		for _, fam := range []struct {
-			on     bool
-			family uint8
-		}{{m.IPv4, unix.AF_INET}, {m.IPv6, unix.AF_INET6}} {
-			if fam.on && (!m.Dst.IsValid() || m.Dst.Is4() == (fam.family == unix.AF_INET)) {
-				reqs = append(reqs, flushRequest(m, fam.family))
+		for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+			if m.covers(family) {
+				reqs = append(reqs, flushRequest(m, family))
 			}
 		}
 	}
@@ -100,12 +103,12 @@ func flushRequest(m Match, family uint8) []byte {
 	ae := netlink.NewAttributeEncoder()
 	ae.Nested(ctaTupleOrig, func(t *netlink.AttributeEncoder) error {
 		if m.Dst.IsValid() {
+			typ := uint16(ctaIPv4Dst)
+			if m.Dst.Is6() {
+				typ = ctaIPv6Dst
+			}
 			t.Nested(ctaTupleIP, func(ip *netlink.AttributeEncoder) error {
-				if family == unix.AF_INET {
-					ip.Bytes(ctaIPv4Dst, m.Dst.AsSlice())
-				} else {
-					ip.Bytes(ctaIPv6Dst, m.Dst.AsSlice())
-				}
+				ip.Bytes(typ, m.Dst.AsSlice())
 				return nil
 			})
 		}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"runtime"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -291,22 +290,30 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 	spec := synth.Default()
 	type node struct {
 		name   string
-		bed    *testbed.Bed
 		client *testbed.Pod
 		dst    netip.AddrPort
-		rates  []float64
+		rates  []float64 // one per round
 	}
 	nodes := []*node{{name: "no-rules"}, {name: "hooks-only"}, {name: "10k-policies"}}
 	for i, n := range nodes {
-		n.bed = newBed(b)
-		server, err := n.bed.AddPod("ns-00000", "pod-000000")
+		bed := newBed(b)
+		server, err := bed.AddPod("ns-00000", "pod-000000")
 		if err != nil {
 			b.Fatal(err)
 		}
-		if n.client, err = n.bed.AddPod("ns-00001", "pod-000001"); err != nil {
+		if n.client, err = bed.AddPod("ns-00001", "pod-000001"); err != nil {
 			b.Fatal(err)
 		}
 		n.dst = netip.AddrPortFrom(server.IPv4, 80)
+		withBackend := func(fn func(dataplane.PolicyBackend) error) error {
+			return bed.InNode(func() error {
+				be, err := newBackend()
+				if err != nil {
+					return err
+				}
+				return fn(be)
+			})
+		}
 		var rs *policy.Ruleset
 		switch i {
 		case 1:
@@ -321,29 +328,20 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 			}
 		}
 		if rs != nil {
-			inNode(b, n.bed, func() error {
-				be, err := newBackend()
-				if err != nil {
-					return err
-				}
-				_, err = be.FullSync(context.Background(), rs)
+			if err := withBackend(func(be dataplane.PolicyBackend) error {
+				_, err := be.FullSync(context.Background(), rs)
 				return err
-			})
+			}); err != nil {
+				b.Fatal(err)
+			}
 			b.Cleanup(func() {
-				_ = n.bed.InNode(func() error {
-					be, err := newBackend()
-					if err != nil {
-						return err
-					}
-					return be.Cleanup(context.Background())
-				})
+				_ = withBackend(func(be dataplane.PolicyBackend) error { return be.Cleanup(context.Background()) })
 			})
 		}
 		if connect(b, n.client, n.dst, 300*time.Millisecond, 1) == 0 {
 			b.Fatalf("%s: client cannot reach server", n.name)
 		}
 	}
-	var ratio, ratioVsHooks []float64
 	for b.Loop() {
 		for round := range rounds {
 			settle()
@@ -351,17 +349,22 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 				n := nodes[(round+k)%len(nodes)]
 				n.rates = append(n.rates, connect(b, n.client, n.dst, window, 4))
 			}
-			last := func(n *node) float64 { return n.rates[len(n.rates)-1] }
-			ratio = append(ratio, last(nodes[2])/last(nodes[0]))
-			ratioVsHooks = append(ratioVsHooks, last(nodes[2])/last(nodes[1]))
 		}
 	}
-	median := func(v []float64) float64 { v = slices.Clone(v); sort.Float64s(v); return v[len(v)/2] }
+	median := func(v []float64) float64 { return slices.Sorted(slices.Values(v))[len(v)/2] }
+	// pairedRatio is the median over rounds of a's rate over b's in the same round.
+	pairedRatio := func(a, b *node) float64 {
+		r := make([]float64, len(a.rates))
+		for i := range r {
+			r[i] = a.rates[i] / b.rates[i]
+		}
+		return median(r)
+	}
 	for _, n := range nodes {
 		b.ReportMetric(median(n.rates), "conn/s-"+n.name)
 	}
-	b.ReportMetric(median(ratio), "ratio")
-	b.ReportMetric(median(ratioVsHooks), "ratio-vs-hooks")
+	b.ReportMetric(pairedRatio(nodes[2], nodes[0]), "ratio")
+	b.ReportMetric(pairedRatio(nodes[2], nodes[1]), "ratio-vs-hooks")
 }
 
 // allowLast adds the policies that admit client -> server, named to sort after every other
