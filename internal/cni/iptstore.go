@@ -55,6 +55,9 @@ func newIPTStoreUnchecked(layout IPTLayout, mode xtables.Mode) *IPTStore {
 
 func (s *IPTStore) Backend() string { return "iptables-" + string(s.r.Mode) }
 
+// Release has nothing to do: every change runs iptables-restore, whose sockets end with it.
+func (s *IPTStore) Release() {}
+
 func (s *IPTStore) Status(ctx context.Context) error {
 	for _, fam := range xtables.Families {
 		if _, err := s.r.Save(ctx, fam, s.layout.Table); err != nil {

@@ -56,6 +56,8 @@ func newNFTStoreUnchecked(layout NFTLayout) *NFTStore {
 
 func (s *NFTStore) Backend() string { return "nftables" }
 
+func (s *NFTStore) Release() { s.conn.Release() }
+
 func (s *NFTStore) Status(ctx context.Context) error {
 	if _, err := knftables.New(knftables.InetFamily, s.layout.Table); err != nil {
 		return err

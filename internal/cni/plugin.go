@@ -202,6 +202,7 @@ func Invoke(p Plugin, cmd string, args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	defer store.Release()
 	switch cmd {
 	case "ADD":
 		d, err := p.Desired(inv, kind)

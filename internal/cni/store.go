@@ -38,6 +38,9 @@ type Store interface {
 	Status(ctx context.Context) error
 	// Backend names the backend ("nftables", "iptables-nft", "iptables-legacy").
 	Backend() string
+	// Release lets go of the store's kernel sockets when the plugin is done, without waiting
+	// for the kernel to free what the last commit deleted.
+	Release()
 }
 
 // attChain names an attachment's chain in a group.

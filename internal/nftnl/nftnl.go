@@ -20,6 +20,7 @@ import (
 // free in the background; the commit is already visible to packets when Flush returns.
 //
 // The nft CLI closes its socket when it exits, so every nft run that deletes pays the wait.
+// An owner that exits itself (a CNI plugin) calls Release, which leaves the wait to the kernel.
 //
 // A Conn is not safe for concurrent use; each backend owns one.
 type Conn struct {
@@ -51,6 +52,17 @@ func (c *Conn) reset() {
 	if c.conn != nil {
 		c.conn.CloseLasting()
 		c.sock.close()
+		c.conn, c.sock = nil, nil
+	}
+}
+
+// Release closes the socket, if open, for an owner that is about to exit: a short-lived
+// process such as a CNI plugin, whose exit would otherwise wait for the kernel's deferred free
+// of what its last commit deleted. The Conn can be used again afterwards.
+func (c *Conn) Release() {
+	if c.conn != nil {
+		c.conn.CloseLasting()
+		c.sock.release()
 		c.conn, c.sock = nil, nil
 	}
 }

@@ -78,7 +78,7 @@ func families(inv *cni.Invocation) (v4, v6 bool) {
 // that predate the change would otherwise keep their old translation (or none) until they idle
 // out, so a client that keeps sending never reaches the new container.
 //
-// The socket is left open on purpose: the plugin exits right after, and closing it here would
+// The socket is released, not closed: the plugin exits right after, and a close here would
 // wait for the kernel to free what the DEL's nftables commit deleted (see nftnl.Conn).
 func flushUDP(mappings []Mapping, v4, v6 bool) error {
 	var matches []conntrack.Match
@@ -102,6 +102,7 @@ func flushUDP(mappings []Mapping, v4, v6 bool) error {
 	if err != nil {
 		return fmt.Errorf("conntrack: flush UDP to host ports: %w", err)
 	}
+	defer sock.Release()
 	if err := conntrack.Delete(sock, matches); err != nil {
 		return fmt.Errorf("flush UDP to host ports: %w", err)
 	}

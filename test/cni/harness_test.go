@@ -63,6 +63,7 @@ func buildPlugins() (string, error) {
 		"github.com/netwarden/netwarden/cmd/netwarden-ipmasq",
 	}
 	cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // static, as make build and upstream's releases build them
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
