@@ -88,6 +88,14 @@ func (t *Tracker) SetPolicy(key string, np *networkingv1.NetworkPolicy) {
 // SetNode stores node under its name, or removes name when node is nil.
 func (t *Tracker) SetNode(name string, node *corev1.Node) { put(t, &t.cur.Nodes, kindNode, name, node) }
 
+// Counts returns how many namespaces, pods, policies and nodes are stored, without taking a
+// snapshot (which would fold the pending changes into it, away from the next reader's).
+func (t *Tracker) Counts() (namespaces, pods, policies, nodes int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.cur.Namespaces), len(t.cur.Pods), len(t.cur.Policies), len(t.cur.Nodes)
+}
+
 // Snapshot returns the current objects as an immutable State. When nothing changed since the
 // previous snapshot it returns that one again.
 func (t *Tracker) Snapshot() *State {

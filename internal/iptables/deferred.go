@@ -82,7 +82,7 @@ type dispatchRule struct {
 
 func parseDispatchRule(rule string) (dispatchRule, bool) {
 	f := strings.Fields(rule)
-	if len(f) != 4 || (f[0] != "-s" && f[0] != "-d") {
+	if len(f) != 4 || (f[0] != "-s" && f[0] != "-d") || f[2] != "-g" {
 		return dispatchRule{}, false
 	}
 	p, err := netip.ParsePrefix(f[1])

@@ -148,3 +148,20 @@ func TestDeferredRemovalsJudgeAsWanted(t *testing.T) {
 		t.Fatalf("only %d of 400 changes had removals to defer; the test does not exercise them", deferred)
 	}
 }
+
+// TestParseDispatchRule: only "-s|-d <prefix> -g <chain>" is a dispatch rule; shadowMerge
+// reorders those alone, so a rule that continues after its match (-j) must not pass for one.
+func TestParseDispatchRule(t *testing.T) {
+	for rule, want := range map[string]bool{
+		"-s 10.244.0.5/32 -g NETWARDEN-G-abc":   true,
+		"-d fd00::/124 -g NETWARDEN-I6-abc":     true,
+		"-s 10.244.0.5/32 -j NETWARDEN-G-abc":   false,
+		"-s 10.244.0.5 -g NETWARDEN-G-abc":      false,
+		"-p tcp -g NETWARDEN-G-abc":             false,
+		"-s 10.244.0.5/32 -g NETWARDEN-G-abc x": false,
+	} {
+		if _, ok := parseDispatchRule(rule); ok != want {
+			t.Errorf("parseDispatchRule(%q) = %v, want %v", rule, ok, want)
+		}
+	}
+}

@@ -175,9 +175,8 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 	defer s.factory.Shutdown()
 	s.logger.Info("waiting for kubernetes caches to sync")
 	if cache.WaitForCacheSync(ctx.Done(), synced...) {
-		st := s.Snapshot()
-		s.logger.Info("kubernetes caches synced", "namespaces", len(st.Namespaces), "pods", len(st.Pods),
-			"policies", len(st.Policies), "nodes", len(st.Nodes))
+		nss, pods, policies, nodes := s.objects.Counts()
+		s.logger.Info("kubernetes caches synced", "namespaces", nss, "pods", pods, "policies", policies, "nodes", nodes)
 		notify()
 	}
 	<-ctx.Done()
