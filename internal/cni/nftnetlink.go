@@ -19,8 +19,8 @@ import (
 //
 // Every nftNetlink of a store shares the store's one socket (nftnl.Conn). A socket per
 // operation would be closed right after a deleting commit, and that close waits out an RCU
-// grace period; on the shared socket the wait overlaps the invocation's remaining work (the
-// conntrack flush of DEL) and is paid at most once, when the plugin exits.
+// grace period; the shared socket is released once, when the verb is done (Store.Release),
+// which leaves that wait to the kernel.
 type nftNetlink struct {
 	shared *nftnl.Conn
 	table  *gnft.Table

@@ -40,6 +40,16 @@ type Invocation struct {
 	// Result is the prevResult converted to the current version; nil if there was none.
 	Result *current.Result
 	Att    Attachment
+
+	// releases run when the verb is done, after the plugin's lock is let go.
+	releases []func()
+}
+
+// ReleaseWhenDone has release run when the verb is done and the plugin's lock is let go: for
+// kernel sockets that are released rather than closed (nftnl.Conn.Release), which on kernels
+// before 6.9 still wait for the kernel's deferred free, a wait that must not hold the lock.
+func (inv *Invocation) ReleaseWhenDone(release func()) {
+	inv.releases = append(inv.releases, release)
 }
 
 // Plugin is what a meta plugin supplies to Main.
@@ -197,12 +207,17 @@ func Invoke(p Plugin, cmd string, args *skel.CmdArgs) error {
 	if err != nil {
 		return types.NewError(types.ErrIOFailure, err.Error(), "")
 	}
-	defer unlock()
+	defer func() {
+		unlock()
+		for _, release := range inv.releases {
+			release()
+		}
+	}()
 	store, kind, err := OpenStore(ctx, p, conf.Backend, cmd == "STATUS")
 	if err != nil {
 		return err
 	}
-	defer store.Release()
+	inv.ReleaseWhenDone(store.Release)
 	switch cmd {
 	case "ADD":
 		d, err := p.Desired(inv, kind)

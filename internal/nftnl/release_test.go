@@ -39,6 +39,7 @@ func TestReleaseFreesSockets(t *testing.T) {
 		table := &gnft.Table{Name: "release-test", Family: gnft.TableFamilyINet}
 		chain := &gnft.Chain{Name: "c", Table: table}
 		var c nftnl.Conn
+		t.Cleanup(c.Release) // a failed round must not keep the namespace alive through its sockets
 		for round := range 3 {
 			if err := c.Batch(func(conn *gnft.Conn) error {
 				conn.AddTable(table)
@@ -58,6 +59,12 @@ func TestReleaseFreesSockets(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			released := false
+			t.Cleanup(func() {
+				if !released {
+					raw.Release()
+				}
+			})
 			if _, err := raw.Dump(0x0101, make([]byte, 4)); err != nil { // conntrack IPCTNL_MSG_CT_GET, AF_UNSPEC
 				t.Fatalf("round %d: conntrack dump: %v", round, err)
 			}
@@ -67,6 +74,7 @@ func TestReleaseFreesSockets(t *testing.T) {
 			}
 			c.Release()
 			raw.Release()
+			released = true
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for userNetfilterSockets(t) != before {
@@ -75,5 +83,5 @@ func TestReleaseFreesSockets(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-	}, "nft")
+	})
 }

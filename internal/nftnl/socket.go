@@ -64,10 +64,11 @@ func (s *socket) close() {
 // release closes the socket for an owner that exits right after (a CNI plugin), without the
 // wait that a close after a deleting commit costs (see Conn). The descriptor is sent, together
 // with the receiving end itself, into a unix socket pair that is then closed: a cycle that
-// only the kernel's collector of in-flight descriptors frees. Since Linux 6.10 that collector
-// runs in a workqueue, so the nfnetlink socket is released there, and the wait for the RCU
-// grace period happens in a kernel worker instead of in the exiting process. Older kernels
-// collect in the closing task, which costs what a plain close does. Everything the socket
+// only the kernel's collector of in-flight descriptors frees. Since Linux 6.9 (commit
+// 8b90a9f819dc, "af_unix: Run GC on only one CPU", also in 6.6 stable) that collector runs in
+// a workqueue, so the nfnetlink socket is released there, and the wait for the RCU grace
+// period happens in a kernel worker instead of in the exiting process. Older kernels collect
+// in the closing task, which costs what a plain close does. Everything the socket
 // committed is in effect before this is called; only the freeing of deleted objects is left.
 func (s *socket) release() {
 	if s.fd < 0 {
@@ -197,7 +198,8 @@ type Raw struct {
 	seq  uint32
 }
 
-// Release closes the socket for an owner that exits right after; see socket.release.
+// Release closes the socket for an owner that exits right after; see socket.release. Unlike a
+// Conn, a released Raw cannot be used again.
 func (r *Raw) Release() { r.sock.release() }
 
 // DialRaw opens a Raw socket in the calling thread's network namespace.

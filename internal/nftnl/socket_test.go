@@ -32,3 +32,21 @@ func TestSendErrorReachesEveryReceive(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseToCollector: the hand-off to the kernel's collector succeeds (release falls back
+// to a plain close only when it fails, which would bring back the wait at exit) and leaves
+// the descriptor closed.
+func TestReleaseToCollector(t *testing.T) {
+	s, err := openSocket()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := s.fd
+	if err := releaseToCollector(fd); err != nil {
+		s.close()
+		t.Fatalf("handing an nfnetlink socket to the collector: %v", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); !errors.Is(err, unix.EBADF) {
+		t.Fatalf("descriptor %d after the hand-off: %v, want EBADF", fd, err)
+	}
+}

@@ -50,7 +50,7 @@ func (Plugin) AfterAdd(inv *cni.Invocation, _ *cni.Desired) error {
 		}
 	}
 	v4, v6 := families(inv)
-	return flushUDP(cfg.Mappings, v4, v6)
+	return flushUDP(inv, cfg.Mappings, v4, v6)
 }
 
 func (Plugin) AfterDel(inv *cni.Invocation, _ *cni.Desired) error {
@@ -59,7 +59,7 @@ func (Plugin) AfterDel(inv *cni.Invocation, _ *cni.Desired) error {
 		return err
 	}
 	v4, v6 := families(inv)
-	return flushUDP(cfg.Mappings, v4, v6)
+	return flushUDP(inv, cfg.Mappings, v4, v6)
 }
 
 // families says which conntrack families the container's mappings can have entries in: those
@@ -80,7 +80,7 @@ func families(inv *cni.Invocation) (v4, v6 bool) {
 //
 // The socket is released, not closed: the plugin exits right after, and a close here would
 // wait for the kernel to free what the DEL's nftables commit deleted (see nftnl.Conn).
-func flushUDP(mappings []Mapping, v4, v6 bool) error {
+func flushUDP(inv *cni.Invocation, mappings []Mapping, v4, v6 bool) error {
 	var matches []conntrack.Match
 	for _, m := range mappings {
 		if m.Protocol != "udp" {
@@ -102,7 +102,7 @@ func flushUDP(mappings []Mapping, v4, v6 bool) error {
 	if err != nil {
 		return fmt.Errorf("conntrack: flush UDP to host ports: %w", err)
 	}
-	defer sock.Release()
+	inv.ReleaseWhenDone(sock.Release)
 	if err := conntrack.Delete(sock, matches); err != nil {
 		return fmt.Errorf("flush UDP to host ports: %w", err)
 	}
