@@ -48,21 +48,18 @@ func (c *Conn) Get() (*gnft.Conn, error) {
 
 // reset drops the socket, so that no queued message or pending reply of a failed batch
 // leaks into the next one.
-func (c *Conn) reset() {
-	if c.conn != nil {
-		c.conn.CloseLasting()
-		c.sock.close()
-		c.conn, c.sock = nil, nil
-	}
-}
+func (c *Conn) reset() { c.drop((*socket).close) }
 
 // Release closes the socket, if open, for an owner that is about to exit: a short-lived
 // process such as a CNI plugin, whose exit would otherwise wait for the kernel's deferred free
 // of what its last commit deleted. The Conn can be used again afterwards.
-func (c *Conn) Release() {
+func (c *Conn) Release() { c.drop((*socket).release) }
+
+// drop lets go of the socket, if open, ending it with end.
+func (c *Conn) drop(end func(*socket)) {
 	if c.conn != nil {
 		c.conn.CloseLasting()
-		c.sock.release()
+		end(c.sock)
 		c.conn, c.sock = nil, nil
 	}
 }

@@ -59,13 +59,9 @@ func TestReleaseFreesSockets(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			released := false
-			t.Cleanup(func() {
-				if !released {
-					raw.Release()
-				}
-			})
-			if _, err := raw.Dump(0x0101, make([]byte, 4)); err != nil { // conntrack IPCTNL_MSG_CT_GET, AF_UNSPEC
+			t.Cleanup(raw.Release) // a no-op once released
+			// conntrack IPCTNL_MSG_CT_GET, AF_UNSPEC
+			if _, err := raw.Dump(0x0101, make([]byte, 4)); err != nil {
 				t.Fatalf("round %d: conntrack dump: %v", round, err)
 			}
 			// Earlier rounds' sockets may still be waiting for the collector.
@@ -74,7 +70,6 @@ func TestReleaseFreesSockets(t *testing.T) {
 			}
 			c.Release()
 			raw.Release()
-			released = true
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for userNetfilterSockets(t) != before {

@@ -71,13 +71,10 @@ func (s *socket) close() {
 // in the closing task, which costs what a plain close does. Everything the socket
 // committed is in effect before this is called; only the freeing of deleted objects is left.
 func (s *socket) release() {
-	if s.fd < 0 {
-		return
+	if s.fd >= 0 && releaseToCollector(s.fd) == nil {
+		s.fd = -1
 	}
-	if err := releaseToCollector(s.fd); err != nil {
-		_ = unix.Close(s.fd)
-	}
-	s.fd = -1
+	s.close() // what the hand-off could not take
 }
 
 // releaseToCollector hands fd to the unix garbage collector and closes it, or fails leaving
