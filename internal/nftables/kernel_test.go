@@ -3,7 +3,9 @@ package nftables
 import (
 	"context"
 	"github.com/netwarden/netwarden/internal/testbed"
+	"maps"
 	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -99,7 +101,7 @@ func TestKernelFullIncrementalVerifyCleanup(t *testing.T) {
 			t.Fatalf("verify after removal: %v", err)
 		}
 		out, _ := exec.Command("nft", "list", "table", "inet", TableName).CombinedOutput()
-		if strings.Contains(string(out), "in/a/web") {
+		if strings.Contains(string(out), "/a/web") {
 			t.Fatalf("policy chain left behind:\n%s", out)
 		}
 		if _, err := b.Sync(ctx, rs); err != nil {
@@ -111,7 +113,7 @@ func TestKernelFullIncrementalVerifyCleanup(t *testing.T) {
 
 		// Someone else's edits are detected.
 		for _, edit := range []string{
-			"flush chain inet netwarden in/a/web",
+			"flush chain inet netwarden in4/a/web",
 			"delete element inet netwarden dispatch-in-v4 { 10.0.0.1 }",
 			"add rule inet netwarden forward-ingress accept",
 			"delete table inet netwarden",
@@ -212,7 +214,7 @@ func TestNetlinkAndCLIProgramTheSameTable(t *testing.T) {
 		if res, err := b.Sync(ctx, rs2); err != nil || res.Full {
 			t.Fatalf("netlink sync: %+v %v (a full sync means the netlink batch failed)", res, err)
 		}
-		viaNetlink := listCanonical(t)
+		viaNetlink, viaNetlinkExprs := listCanonical(t), ruleExprs(t)
 		if err := b.Verify(ctx); err != nil {
 			t.Fatalf("verify after netlink sync: %v", err)
 		}
@@ -222,6 +224,11 @@ func TestNetlinkAndCLIProgramTheSameTable(t *testing.T) {
 		viaCLI := listCanonical(t)
 		if viaNetlink != viaCLI {
 			t.Fatalf("tables differ.\nnetlink:\n%s\nnft:\n%s", viaNetlink, viaCLI)
+		}
+		// The listing hides dependencies and how a match is encoded; the rules' kernel
+		// expressions must be the same as well.
+		if viaCLIExprs := ruleExprs(t); viaNetlinkExprs != viaCLIExprs {
+			t.Fatalf("rule expressions differ.\nnetlink:\n%s\nnft:\n%s", viaNetlinkExprs, viaCLIExprs)
 		}
 		// And back: removing the policy over netlink leaves what a full sync leaves.
 		if res, err := b.Sync(ctx, rs); err != nil || res.Full {
@@ -235,6 +242,46 @@ func TestNetlinkAndCLIProgramTheSameTable(t *testing.T) {
 			t.Fatalf("tables differ after removal.\nnetlink:\n%s\nnft:\n%s", back, full)
 		}
 	})
+}
+
+// ruleExprs lists the kernel expressions of every rule in the table, grouped by chain with the
+// chains sorted, from nft's netlink debug output. Handles are left out: they differ between
+// two ways of writing the same table.
+func ruleExprs(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("nft", "--debug=netlink", "list", "table", "inet", TableName).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	chains := map[string][]string{}
+	var chain string
+	var rule []string
+	flush := func() {
+		if chain != "" && len(rule) > 0 {
+			chains[chain] = append(chains[chain], strings.Join(rule, "\n"))
+		}
+		chain, rule = "", nil
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		switch f := strings.Fields(line); {
+		case len(f) >= 4 && f[0] == "inet" && f[1] == TableName && !strings.HasPrefix(f[2], "@"):
+			flush()
+			chain = f[2]
+		case chain != "" && strings.HasPrefix(strings.TrimSpace(line), "["):
+			rule = append(rule, strings.TrimSpace(line))
+		default:
+			flush()
+		}
+	}
+	flush()
+	if len(chains) == 0 {
+		t.Fatalf("no rules in the netlink debug listing:\n%s", out)
+	}
+	var blocks []string
+	for _, name := range slices.Sorted(maps.Keys(chains)) {
+		blocks = append(blocks, name+":\n"+strings.Join(chains[name], "\n--\n"))
+	}
+	return strings.Join(blocks, "\n\n")
 }
 
 // listCanonical lists the table with its chains and sets sorted and elements sorted, so two

@@ -191,37 +191,42 @@ func (r ruleSpec) exprs() []expr.Any {
 		}
 		e = append(e, &expr.Payload{DestRegister: dreg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l})
 	}
-	if r.peerSet != "" {
-		nfproto(r.v6)
-		addr(r.v6, r.peerAddr, reg1)
-		e = append(e, &expr.Lookup{SourceRegister: reg1, SetName: r.peerSet})
+	dport := func(dreg uint32) {
+		e = append(e, &expr.Payload{DestRegister: dreg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
 	}
 	if r.proto != "" {
 		e = append(e,
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoNumber(r.proto)}})
-		dport := func(dreg uint32) {
-			e = append(e, &expr.Payload{DestRegister: dreg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
-		}
 		switch {
 		case r.namedSet != "":
-			if r.peerSet == "" {
-				nfproto(r.v6)
-			}
-			addr(r.v6, "daddr", reg1)
-			next := uint32(reg32_00 + 1)
-			if r.v6 {
-				next = reg32_00 + 4
-			}
-			dport(next)
-			e = append(e, &expr.Lookup{SourceRegister: reg1, SetName: r.namedSet})
 		case r.ports.Last != 0 && r.ports.First == r.ports.Last:
 			dport(reg1)
 			e = append(e, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: be16(r.ports.First)})
 		case r.ports.Last != 0:
 			dport(reg1)
-			e = append(e, &expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: be16(r.ports.First), ToData: be16(r.ports.Last)})
+			// As nft encodes a range (in its version here): two comparisons, not a range expression.
+			e = append(e,
+				&expr.Cmp{Op: expr.CmpOpGte, Register: reg1, Data: be16(r.ports.First)},
+				&expr.Cmp{Op: expr.CmpOpLte, Register: reg1, Data: be16(r.ports.Last)})
 		}
+	}
+	if r.peerSet != "" {
+		nfproto(r.v6)
+		addr(r.v6, r.peerAddr, reg1)
+		e = append(e, &expr.Lookup{SourceRegister: reg1, SetName: r.peerSet})
+	}
+	if r.namedSet != "" {
+		if r.peerSet == "" {
+			nfproto(r.v6)
+		}
+		addr(r.v6, "daddr", reg1)
+		next := uint32(reg32_00 + 1)
+		if r.v6 {
+			next = reg32_00 + 4
+		}
+		dport(next)
+		e = append(e, &expr.Lookup{SourceRegister: reg1, SetName: r.namedSet})
 	}
 	switch {
 	case r.jump != "":

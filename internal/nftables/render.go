@@ -5,12 +5,16 @@
 //
 //	prerouting-egress (hook prerouting, priority filter)  ip saddr vmap @dispatch-out-v4 ...
 //	forward-ingress   (hook forward, priority filter)     ip daddr vmap @dispatch-in-v4 ...
-//	grp-<dir>-<hash>  jump to each selecting policy's chain, then drop
-//	in/<ns>/<name>, out/<ns>/<name>  one policy's allow rules, each ending in accept
+//	grp-<dir>-<hash>-v4, -v6  jump to each selecting policy's chain of that family, then drop
+//	in4/<ns>/<name>, in6/..., out4/..., out6/...  one policy's allow rules for one IP family,
+//	                  each ending in accept
 //
 // Egress and ingress live at different hooks, so an accept of one never skips the other.
 // Per packet, the work is one map lookup per direction plus the rules of the policies that
-// select that pod.
+// select that pod, and only those of the packet's IP family: the dispatch maps are per family,
+// so each group and policy is rendered once per family. Within a rule, the protocol and port
+// comparisons come before any set lookup; they read only the packet and the rule, while a
+// lookup touches the set's memory, so a rule for another port is left without one.
 package nftables
 
 import (
@@ -131,13 +135,13 @@ type renderCache struct {
 	addrSets  map[*policy.AddrSet][2]*set
 	namedSets map[*policy.NamedPortSet][2]*set
 	cidrSets  map[*policy.CIDRSet]*set
-	policies  map[*policy.PolicyRules]*chain
+	policies  map[*policy.PolicyRules][2]*chain
 }
 
-// renderedGroup is a group chain with the policy chains it was rendered from.
+// renderedGroup is a group's chains (IPv4, IPv6) with the policies they were rendered from.
 type renderedGroup struct {
 	policies []string
-	chain    *chain
+	chains   [2]*chain
 }
 
 // newRenderCache returns an empty cache sized like prev, so that filling it does not rehash.
@@ -147,7 +151,7 @@ func newRenderCache(prev renderCache) renderCache {
 		addrSets:  make(map[*policy.AddrSet][2]*set, len(prev.addrSets)),
 		namedSets: make(map[*policy.NamedPortSet][2]*set, len(prev.namedSets)),
 		cidrSets:  make(map[*policy.CIDRSet]*set, len(prev.cidrSets)),
-		policies:  make(map[*policy.PolicyRules]*chain, len(prev.policies)),
+		policies:  make(map[*policy.PolicyRules][2]*chain, len(prev.policies)),
 	}
 }
 
@@ -159,7 +163,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	rd.prev, rd.cur = rd.cur, newRenderCache(rd.cur)
 	r := &Rendered{
 		Sets:   make(map[string]*set, 4+2*len(rs.AddrSets)+len(rs.CIDRSets)+2*len(rs.NamedPortSets)),
-		Chains: make(map[string]*chain, 2+len(rs.Groups)+len(rs.Policies)),
+		Chains: make(map[string]*chain, 2+2*len(rs.Groups)+2*len(rs.Policies)),
 	}
 
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
@@ -171,7 +175,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 			elems := map[string]string{}
 			for ip, grp := range rs.Dispatch[dir] {
 				if ip.Is6() == v6 {
-					elems[ip.String()] = "jump " + grp
+					elems[ip.String()] = "jump " + familyChain(grp, v6)
 				}
 			}
 			m := newSet(typ, fmt.Sprintf("local pods isolated for %s -> the group judging them", dir), elems)
@@ -200,23 +204,25 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	for name, g := range rs.Groups {
 		rg, ok := rd.prev.groups[name]
 		if !ok || !slices.Equal(rg.policies, g.Policies) {
-			specs := make([]ruleSpec, 0, len(g.Policies)+1)
-			for _, p := range g.Policies {
-				specs = append(specs, ruleSpec{jump: p})
+			rg = renderedGroup{policies: g.Policies}
+			for fam, v6 := range []bool{false, true} {
+				specs := make([]ruleSpec, 0, len(g.Policies)+1)
+				for _, p := range g.Policies {
+					specs = append(specs, ruleSpec{jump: familyChain(p, v6)})
+				}
+				rg.chains[fam] = specChain(append(specs, ruleSpec{drop: true}))
 			}
-			specs = append(specs, ruleSpec{drop: true})
-			rg = renderedGroup{policies: g.Policies, chain: specChain(specs)}
 		}
 		rd.cur.groups[name] = rg
-		r.Chains[name] = rg.chain
+		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = rg.chains[0], rg.chains[1]
 	}
 	for name, p := range rs.Policies {
-		c, ok := rd.prev.policies[p]
+		pair, ok := rd.prev.policies[p]
 		if !ok {
-			c = specChain(policyRules(p))
+			pair = policyChains(p)
 		}
-		rd.cur.policies[p] = c
-		r.Chains[name] = c
+		rd.cur.policies[p] = pair
+		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = pair[0], pair[1]
 	}
 
 	for name, as := range rs.AddrSets {
@@ -321,17 +327,17 @@ type ruleSpec struct {
 
 func (r ruleSpec) text() string {
 	var parts []string
+	if r.proto != "" {
+		parts = append(parts, "meta l4proto "+string(r.proto))
+		if r.namedSet == "" && r.ports.Last != 0 {
+			parts = append(parts, "th dport "+portRange(r.ports))
+		}
+	}
 	if r.peerSet != "" {
 		parts = append(parts, fmt.Sprintf("%s %s @%s", ipKeyword(r.v6), r.peerAddr, r.peerSet))
 	}
-	if r.proto != "" {
-		parts = append(parts, "meta l4proto "+string(r.proto))
-		switch {
-		case r.namedSet != "":
-			parts = append(parts, fmt.Sprintf("%s daddr . th dport @%s", ipKeyword(r.v6), r.namedSet))
-		case r.ports.Last != 0:
-			parts = append(parts, "th dport "+portRange(r.ports))
-		}
+	if r.namedSet != "" {
+		parts = append(parts, fmt.Sprintf("%s daddr . th dport @%s", ipKeyword(r.v6), r.namedSet))
 	}
 	switch {
 	case r.jump != "":
@@ -353,6 +359,39 @@ func specChain(specs []ruleSpec) *chain {
 		c.rules[i] = sp.text()
 	}
 	return c
+}
+
+// familyChain names the chain that renders a group or policy of the model for one IP family:
+// grp-ingress-<hash>-v4, in4/<ns>/<name>, out6/<ns>/<name>.
+func familyChain(name string, v6 bool) string {
+	fam := "4"
+	if v6 {
+		fam = "6"
+	}
+	for _, dir := range []string{"in/", "out/"} {
+		if rest, ok := strings.CutPrefix(name, dir); ok {
+			return dir[:len(dir)-1] + fam + "/" + rest
+		}
+	}
+	return name + "-v" + fam
+}
+
+// policyChains renders a policy's rules as its IPv4 and its IPv6 chain. A rule that matches
+// no family-specific set (a port alone, or nothing) belongs to both.
+func policyChains(p *policy.PolicyRules) [2]*chain {
+	var specs [2][]ruleSpec
+	for _, sp := range policyRules(p) {
+		if sp.peerSet == "" && sp.namedSet == "" {
+			specs[0], specs[1] = append(specs[0], sp), append(specs[1], sp)
+			continue
+		}
+		fam := 0
+		if sp.v6 {
+			fam = 1
+		}
+		specs[fam] = append(specs[fam], sp)
+	}
+	return [2]*chain{specChain(specs[0]), specChain(specs[1])}
 }
 
 // policyRules expands each policy rule into nft rules: one per peer, port range and, where

@@ -277,38 +277,46 @@ func BenchmarkConnRate(b *testing.B) {
 
 // connRate measures the connection rate of three configurations of one backend: no rules, our
 // hooks with an empty ruleset (stateful filtering before any policy rule), and the benchmark
-// cluster's policies. Each configuration has a node of its own, loaded once, so the run can
-// alternate between them in short windows without reloading rules in between. A round measures
-// each node once, in an order that rotates, and gives paired ratios; their medians are
-// reported, so that a drift of the machine's speed during the run cancels out.
+// cluster's policies. A round measures each configuration once, on nodes of its own, in an
+// order that rotates, and gives paired ratios; their medians are reported, so that a drift of
+// the machine's speed during the run cancels out.
+//
+// The nodes themselves differ: with the same configuration on two of them, their rates differed
+// by up to 2% in one run and not at all in the next (seen in A/A runs). So the run is split into
+// epochs, and each epoch moves every configuration to the next node: each configuration spends
+// the same number of rounds on each node, and each leads a round equally often.
 func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) {
 	requireRoot(b)
 	// Short rounds: on a shared host the speed drifts within seconds (30% steal time and
 	// rates moving between 6,000 and 12,000 conn/s in one run were seen), and only drift
 	// slower than a round cancels in its paired ratios.
 	const (
-		rounds = 102 // a multiple of the three nodes, so that each leads a round equally often
+		epochs = 3   // one per node, so that each configuration visits each node
+		rounds = 102 // per run; a multiple of the three nodes and of the epochs
 		window = 200 * time.Millisecond
 	)
+	configs := []string{"no-rules", "hooks-only", "10k-policies"}
 	spec := synth.Default()
 	type node struct {
-		name   string
 		client *testbed.Pod
 		dst    netip.AddrPort
-		rates  []float64 // one per round
+		// rulesets by configuration; nil means no table at all
+		rulesets []*policy.Ruleset
+		inNode   func(fn func(dataplane.PolicyBackend) error) error
 	}
-	nodes := []*node{{name: "no-rules"}, {name: "hooks-only"}, {name: "10k-policies"}}
-	for i, n := range nodes {
+	hooksOnly, _ := policy.Compile(cluster.NewState(), spec.LocalNode)
+	nodes := make([]*node, len(configs))
+	for i := range nodes {
 		bed := newBed(b)
 		server, err := bed.AddPod("ns-00000", "pod-000000")
 		if err != nil {
 			b.Fatal(err)
 		}
+		n := &node{dst: netip.AddrPortFrom(server.IPv4, 80)}
 		if n.client, err = bed.AddPod("ns-00001", "pod-000001"); err != nil {
 			b.Fatal(err)
 		}
-		n.dst = netip.AddrPortFrom(server.IPv4, 80)
-		withBackend := func(fn func(dataplane.PolicyBackend) error) error {
+		n.inNode = func(fn func(dataplane.PolicyBackend) error) error {
 			return bed.InNode(func() error {
 				be, err := newBackend()
 				if err != nil {
@@ -317,57 +325,67 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 				return fn(be)
 			})
 		}
-		var rs *policy.Ruleset
-		switch i {
-		case 1:
-			rs, _ = policy.Compile(cluster.NewState(), spec.LocalNode)
-		case 2:
-			spec.LocalIPs = []netip.Addr{server.IPv4, n.client.IPv4}
-			st := synth.Generate(spec)
-			allowLast(st, "ns-00000", "ns-00001")
-			var stats policy.Stats
-			if rs, stats = policy.Compile(st, spec.LocalNode); stats.IsolatedPods == 0 {
-				b.Fatal("no pod isolated")
-			}
+		// The pods of every node have addresses of their own, so each needs its own ruleset.
+		spec.LocalIPs = []netip.Addr{server.IPv4, n.client.IPv4}
+		st := synth.Generate(spec)
+		allowLast(st, "ns-00000", "ns-00001")
+		loaded, stats := policy.Compile(st, spec.LocalNode)
+		if stats.IsolatedPods == 0 {
+			b.Fatal("no pod isolated")
 		}
-		if rs != nil {
-			if err := withBackend(func(be dataplane.PolicyBackend) error {
+		n.rulesets = []*policy.Ruleset{nil, hooksOnly, loaded}
+		b.Cleanup(func() {
+			_ = n.inNode(func(be dataplane.PolicyBackend) error { return be.Cleanup(context.Background()) })
+		})
+		nodes[i] = n
+	}
+	// configOf is the configuration node k runs in an epoch.
+	configOf := func(k, epoch int) int { return (k + epoch) % len(configs) }
+	load := func(epoch int) {
+		for k, n := range nodes {
+			rs := n.rulesets[configOf(k, epoch)]
+			if err := n.inNode(func(be dataplane.PolicyBackend) error {
+				if rs == nil {
+					return be.Cleanup(context.Background())
+				}
 				_, err := be.FullSync(context.Background(), rs)
 				return err
 			}); err != nil {
 				b.Fatal(err)
 			}
-			b.Cleanup(func() {
-				_ = withBackend(func(be dataplane.PolicyBackend) error { return be.Cleanup(context.Background()) })
-			})
-		}
-		if connect(b, n.client, n.dst, 300*time.Millisecond, 1) == 0 {
-			b.Fatalf("%s: client cannot reach server", n.name)
+			if connect(b, n.client, n.dst, 300*time.Millisecond, 1) == 0 {
+				b.Fatalf("%s on node %d: client cannot reach server", configs[configOf(k, epoch)], k)
+			}
 		}
 	}
+	rates := make([][]float64, len(configs)) // by configuration, one per round
 	for b.Loop() {
-		for round := range rounds {
-			settle()
-			for k := range nodes {
-				n := nodes[(round+k)%len(nodes)]
-				n.rates = append(n.rates, connect(b, n.client, n.dst, window, 4))
+		for epoch := range epochs {
+			load(epoch)
+			for round := range rounds / epochs {
+				settle()
+				for j := range nodes {
+					k := (round + j) % len(nodes)
+					cfg := configOf(k, epoch)
+					rates[cfg] = append(rates[cfg], connect(b, nodes[k].client, nodes[k].dst, window, 4))
+				}
 			}
 		}
 	}
 	median := func(v []float64) float64 { return slices.Sorted(slices.Values(v))[len(v)/2] }
-	// pairedRatio is the median over rounds of a's rate over b's in the same round.
-	pairedRatio := func(a, b *node) float64 {
-		r := make([]float64, len(a.rates))
+	// pairedRatio is the median over rounds of configuration a's rate over b's in the same round.
+	pairedRatio := func(a, b int) float64 {
+		r := make([]float64, len(rates[a]))
 		for i := range r {
-			r[i] = a.rates[i] / b.rates[i]
+			r[i] = rates[a][i] / rates[b][i]
 		}
 		return median(r)
 	}
-	for _, n := range nodes {
-		b.ReportMetric(median(n.rates), "conn/s-"+n.name)
+	for cfg, name := range configs {
+		b.ReportMetric(median(rates[cfg]), "conn/s-"+name)
 	}
-	b.ReportMetric(pairedRatio(nodes[2], nodes[0]), "ratio")
-	b.ReportMetric(pairedRatio(nodes[2], nodes[1]), "ratio-vs-hooks")
+	b.ReportMetric(pairedRatio(2, 0), "ratio")
+	b.ReportMetric(pairedRatio(2, 1), "ratio-vs-hooks")
 }
 
 // allowLast adds the policies that admit client -> server, named to sort after every other

@@ -44,7 +44,7 @@ func TestCommands(t *testing.T) {
 		if be.iptables() {
 			want = "-A NETWARDEN-FORWARD -j NETWARDEN-EGRESS"
 		}
-		if err != nil || !strings.Contains(out, "in/x/deny") || !strings.Contains(out, want) {
+		if err != nil || !strings.Contains(out, "/x/deny") || !strings.Contains(out, want) {
 			t.Fatalf("render: %v\n%s", err, out)
 		}
 		if left := ourObjects(ctx, t, w.sim.Bed); len(left) > 0 {
