@@ -203,7 +203,7 @@ func (p *plan) operations(new *Rendered) int {
 }
 
 // diff computes the plan that turns table content old into new. It walks the maps unsorted
-// and sorts only what changed: a change touches a handful of the table's ~1,600 objects.
+// and sorts only what changed: a change touches a handful of the table's ~2,600 objects.
 func diff(old, new *Rendered) *plan {
 	p := &plan{existed: map[string]bool{}}
 	var changedSets []string

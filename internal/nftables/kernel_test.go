@@ -187,7 +187,11 @@ func TestNetlinkAndCLIProgramTheSameTable(t *testing.T) {
 				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
 				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{
-					From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"x": "y"}}}},
+					// The ipBlock is a/web's, so its set exists and the change stays netlinkable.
+					From: []networkingv1.NetworkPolicyPeer{
+						{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"x": "y"}}},
+						{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:1::/64", Except: []string{"fd00:1::/80"}}},
+					},
 					Ports: []networkingv1.NetworkPolicyPort{
 						{Protocol: &udp, Port: &intstr.IntOrString{IntVal: 53}},
 						{Protocol: &udp, Port: &intstr.IntOrString{IntVal: 8000}, EndPort: &end},

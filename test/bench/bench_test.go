@@ -283,16 +283,19 @@ func BenchmarkConnRate(b *testing.B) {
 //
 // The nodes themselves differ: with the same configuration on two of them, their rates differed
 // by up to 2% in one run and not at all in the next (seen in A/A runs). So the run is split into
-// epochs, and each epoch moves every configuration to the next node: each configuration spends
-// the same number of rounds on each node, and each leads a round equally often.
+// epochs, each on three new nodes, and the configurations take turns in the order the nodes are
+// created: each spends as many rounds on nodes of each position as the others, and each leads a
+// round equally often. New nodes, rather than reloading the old ones, so that no configuration
+// inherits what another left in a namespace (a legacy iptables filter table stays hooked until
+// its namespace goes, and conntrack entries stay until they time out).
 func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) {
 	requireRoot(b)
 	// Short rounds: on a shared host the speed drifts within seconds (30% steal time and
 	// rates moving between 6,000 and 12,000 conn/s in one run were seen), and only drift
 	// slower than a round cancels in its paired ratios.
 	const (
-		epochs = 3   // one per node, so that each configuration visits each node
-		rounds = 102 // per run; a multiple of the three nodes and of the epochs
+		epochs = 3   // as many as nodes, so that each configuration takes each position once
+		rounds = 102 // per run: 34 per epoch, so that over the epochs each configuration leads 34
 		window = 200 * time.Millisecond
 	)
 	configs := []string{"no-rules", "hooks-only", "10k-policies"}
@@ -300,13 +303,9 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 	type node struct {
 		client *testbed.Pod
 		dst    netip.AddrPort
-		// rulesets by configuration; nil means no table at all
-		rulesets []*policy.Ruleset
-		inNode   func(fn func(dataplane.PolicyBackend) error) error
 	}
-	hooksOnly, _ := policy.Compile(cluster.NewState(), spec.LocalNode)
-	nodes := make([]*node, len(configs))
-	for i := range nodes {
+	// newNode creates a node with a server and a client pod and loads configuration cfg.
+	newNode := func(cfg int) *node {
 		bed := newBed(b)
 		server, err := bed.AddPod("ns-00000", "pod-000000")
 		if err != nil {
@@ -316,7 +315,7 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 		if n.client, err = bed.AddPod("ns-00001", "pod-000001"); err != nil {
 			b.Fatal(err)
 		}
-		n.inNode = func(fn func(dataplane.PolicyBackend) error) error {
+		withBackend := func(fn func(dataplane.PolicyBackend) error) error {
 			return bed.InNode(func() error {
 				be, err := newBackend()
 				if err != nil {
@@ -325,48 +324,49 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 				return fn(be)
 			})
 		}
-		// The pods of every node have addresses of their own, so each needs its own ruleset.
-		spec.LocalIPs = []netip.Addr{server.IPv4, n.client.IPv4}
-		st := synth.Generate(spec)
-		allowLast(st, "ns-00000", "ns-00001")
-		loaded, stats := policy.Compile(st, spec.LocalNode)
-		if stats.IsolatedPods == 0 {
-			b.Fatal("no pod isolated")
+		var rs *policy.Ruleset
+		switch cfg {
+		case 1:
+			rs, _ = policy.Compile(cluster.NewState(), spec.LocalNode)
+		case 2:
+			// The pods of every node have addresses of their own, so each needs its own ruleset.
+			spec.LocalIPs = []netip.Addr{server.IPv4, n.client.IPv4}
+			st := synth.Generate(spec)
+			allowLast(st, "ns-00000", "ns-00001")
+			var stats policy.Stats
+			if rs, stats = policy.Compile(st, spec.LocalNode); stats.IsolatedPods == 0 {
+				b.Fatal("no pod isolated")
+			}
 		}
-		n.rulesets = []*policy.Ruleset{nil, hooksOnly, loaded}
-		b.Cleanup(func() {
-			_ = n.inNode(func(be dataplane.PolicyBackend) error { return be.Cleanup(context.Background()) })
-		})
-		nodes[i] = n
-	}
-	// configOf is the configuration node k runs in an epoch.
-	configOf := func(k, epoch int) int { return (k + epoch) % len(configs) }
-	load := func(epoch int) {
-		for k, n := range nodes {
-			rs := n.rulesets[configOf(k, epoch)]
-			if err := n.inNode(func(be dataplane.PolicyBackend) error {
-				if rs == nil {
-					return be.Cleanup(context.Background())
-				}
+		if rs != nil {
+			if err := withBackend(func(be dataplane.PolicyBackend) error {
 				_, err := be.FullSync(context.Background(), rs)
 				return err
 			}); err != nil {
 				b.Fatal(err)
 			}
-			if connect(b, n.client, n.dst, 300*time.Millisecond, 1) == 0 {
-				b.Fatalf("%s on node %d: client cannot reach server", configs[configOf(k, epoch)], k)
-			}
+			b.Cleanup(func() {
+				_ = withBackend(func(be dataplane.PolicyBackend) error { return be.Cleanup(context.Background()) })
+			})
 		}
+		if connect(b, n.client, n.dst, 300*time.Millisecond, 1) == 0 {
+			b.Fatalf("%s: client cannot reach server", configs[cfg])
+		}
+		return n
 	}
 	rates := make([][]float64, len(configs)) // by configuration, one per round
 	for b.Loop() {
 		for epoch := range epochs {
-			load(epoch)
+			// nodes[k] runs configuration (k+epoch) % 3.
+			nodes := make([]*node, len(configs))
+			for k := range nodes {
+				nodes[k] = newNode((k + epoch) % len(configs))
+			}
 			for round := range rounds / epochs {
 				settle()
 				for j := range nodes {
 					k := (round + j) % len(nodes)
-					cfg := configOf(k, epoch)
+					cfg := (k + epoch) % len(configs)
 					rates[cfg] = append(rates[cfg], connect(b, nodes[k].client, nodes[k].dst, window, 4))
 				}
 			}

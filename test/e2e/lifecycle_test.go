@@ -194,8 +194,8 @@ func breakRules(t *testing.T, w *world) {
 	}
 }
 
-// breakAllowChain makes the rules of policy x/allow-b allow nothing: the nftables policy chain
-// is flushed; in iptables, where a group chain holds its policies' rules, the group chain
+// breakAllowChain makes the rules of policy x/allow-b allow nothing: the nftables policy chain for
+// IPv4 is flushed; in iptables, where a group chain holds its policies' rules, the group chain
 // allowing from a pod set is left with only its final drop.
 func breakAllowChain(t *testing.T, w *world) {
 	t.Helper()
