@@ -113,7 +113,7 @@ func TestKernelFullIncrementalVerifyCleanup(t *testing.T) {
 
 		// Someone else's edits are detected.
 		for _, edit := range []string{
-			"flush chain inet netwarden in4/a/web",
+			"flush chain inet netwarden in/a/web-v4",
 			"delete element inet netwarden dispatch-in-v4 { 10.0.0.1 }",
 			"add rule inet netwarden forward-ingress accept",
 			"delete table inet netwarden",

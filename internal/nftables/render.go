@@ -6,8 +6,8 @@
 //	prerouting-egress (hook prerouting, priority filter)  ip saddr vmap @dispatch-out-v4 ...
 //	forward-ingress   (hook forward, priority filter)     ip daddr vmap @dispatch-in-v4 ...
 //	grp-<dir>-<hash>-v4, -v6  jump to each selecting policy's chain of that family, then drop
-//	in4/<ns>/<name>, in6/..., out4/..., out6/...  one policy's allow rules for one IP family,
-//	                  each ending in accept
+//	in/<ns>/<name>-v4, -v6, out/<ns>/<name>-v4, -v6  one policy's allow rules for one IP
+//	                  family, each ending in accept
 //
 // Egress and ingress live at different hooks, so an accept of one never skips the other.
 // Per packet, the work is one map lookup per direction plus the rules of the policies that
@@ -362,29 +362,14 @@ func specChain(specs []ruleSpec) *chain {
 }
 
 // familyChain names the chain that renders a group or policy of the model for one IP family:
-// grp-ingress-<hash>-v4, in4/<ns>/<name>, out6/<ns>/<name>.
-func familyChain(name string, v6 bool) string {
-	fam := "4"
-	if v6 {
-		fam = "6"
-	}
-	for _, dir := range []string{"in/", "out/"} {
-		if rest, ok := strings.CutPrefix(name, dir); ok {
-			return dir[:len(dir)-1] + fam + "/" + rest
-		}
-	}
-	return name + "-v" + fam
-}
+// grp-ingress-<hash>-v4, in/<ns>/<name>-v6. The suffix is always added, so two names of the
+// model never map to one chain.
+func familyChain(name string, v6 bool) string { return name + famSuffix(v6) }
 
-// policyChains renders a policy's rules as its IPv4 and its IPv6 chain. A rule that matches
-// no family-specific set (a port alone, or nothing) belongs to both.
+// policyChains renders a policy's rules as its IPv4 and its IPv6 chain.
 func policyChains(p *policy.PolicyRules) [2]*chain {
 	var specs [2][]ruleSpec
 	for _, sp := range policyRules(p) {
-		if sp.peerSet == "" && sp.namedSet == "" {
-			specs[0], specs[1] = append(specs[0], sp), append(specs[1], sp)
-			continue
-		}
 		fam := 0
 		if sp.v6 {
 			fam = 1
@@ -394,8 +379,8 @@ func policyChains(p *policy.PolicyRules) [2]*chain {
 	return [2]*chain{specChain(specs[0]), specChain(specs[1])}
 }
 
-// policyRules expands each policy rule into nft rules: one per peer, port range and, where
-// the match is family-specific, IP family. Any one of them accepting means the policy allows.
+// policyRules expands each policy rule into nft rules: one per peer, port range and IP family.
+// Any one of them accepting means the policy allows.
 func policyRules(p *policy.PolicyRules) []ruleSpec {
 	peerAddr := "saddr"
 	if p.Direction == policy.Egress {
@@ -417,7 +402,7 @@ func policyRules(p *policy.PolicyRules) []ruleSpec {
 				if len(ranges) == 0 {
 					ranges = []policy.PortRange{{}}
 				}
-				for _, v6 := range families(peer, port) {
+				for _, v6 := range families(peer) {
 					for _, pr := range ranges {
 						sp := ruleSpec{v6: v6, proto: port.Protocol, ports: pr}
 						switch {
@@ -438,16 +423,13 @@ func policyRules(p *policy.PolicyRules) []ruleSpec {
 	return out
 }
 
-// families returns the IP families a peer/port pair needs a rule for; a pair that names no
-// family-specific set needs one rule for both (reported as IPv4, which renders no family match).
-func families(peer policy.Peer, port policy.PortMatch) []bool {
-	switch {
-	case peer.CIDRSet != "":
+// families returns the IP families a peer needs a rule for: an ipBlock's own, else
+// both (a rule that names no family-specific set is the same in each).
+func families(peer policy.Peer) []bool {
+	if peer.CIDRSet != "" {
 		return []bool{peer.IPv6}
-	case peer.AddrSet != "" || port.NamedPortSet != "":
-		return []bool{false, true}
 	}
-	return []bool{false}
+	return []bool{false, true}
 }
 
 func ipKeyword(v6 bool) string {

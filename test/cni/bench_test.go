@@ -48,26 +48,21 @@ func benchAddDel(b *testing.B, plugin string) {
 				for i := range benchRounds {
 					conf := pluginConf(plugin, backend, fmt.Sprintf("10.98.%d.%d", i/200, i%200+1),
 						[]portMapping{{HostPort: 40000 + i, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 40000 + i, ContainerPort: 80, Protocol: "udp"}}, nil)
-					for _, quiet := range []bool{false, true} {
-						addInto, delInto := &add, &del
+					id := fmt.Sprintf("bench-%d", i)
+					run := func(verb string, quiet bool) time.Duration {
 						if quiet {
-							addInto, delInto = &quietAdd, &quietDel
+							waitGracePeriod(b)
 						}
-						id := fmt.Sprintf("bench-%d-%t", i, quiet)
-						for _, step := range []struct {
-							verb string
-							into *[]time.Duration
-						}{{"ADD", addInto}, {"DEL", delInto}} {
-							if quiet {
-								waitGracePeriod(b)
-							}
-							start := time.Now()
-							if _, err := n.execPlugin(plugin, step.verb, id, conf); err != nil {
-								b.Fatalf("%s: %v", step.verb, err)
-							}
-							*step.into = append(*step.into, time.Since(start))
+						start := time.Now()
+						if _, err := n.execPlugin(plugin, verb, id, conf); err != nil {
+							b.Fatalf("%s: %v", verb, err)
 						}
+						return time.Since(start)
 					}
+					add = append(add, run("ADD", false))
+					del = append(del, run("DEL", false))
+					quietAdd = append(quietAdd, run("ADD", true))
+					quietDel = append(quietDel, run("DEL", true))
 				}
 			}
 			want := benchExisting

@@ -201,7 +201,7 @@ func breakAllowChain(t *testing.T, w *world) {
 	t.Helper()
 	ctx := context.Background()
 	if !w.be.iptables() {
-		if out, err := w.sim.Bed.NodeExec(ctx, "nft", "flush", "chain", "inet", "netwarden", "in4/x/allow-b"); err != nil {
+		if out, err := w.sim.Bed.NodeExec(ctx, "nft", "flush", "chain", "inet", "netwarden", "in/x/allow-b-v4"); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
 		return
