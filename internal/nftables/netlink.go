@@ -200,6 +200,7 @@ func (r ruleSpec) exprs() []expr.Any {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoNumber(r.proto)}})
 		switch {
 		case r.namedSet != "":
+			// The port is compared by the named-port lookup below, with the address.
 		case r.ports.Last != 0 && r.ports.First == r.ports.Last:
 			dport(reg1)
 			e = append(e, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: be16(r.ports.First)})

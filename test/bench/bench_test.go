@@ -301,9 +301,9 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 	// rates moving between 6,000 and 12,000 conn/s in one run were seen), and only drift
 	// slower than a round cancels in its paired ratios.
 	const (
-		epochs = 12  // a multiple of the node count, so each configuration takes each position alike
-		rounds = 108 // per run: 9 per epoch, a multiple of the node count, so each leads alike
-		window = 200 * time.Millisecond
+		epochs         = 12 // a multiple of the node count, so each configuration takes each position alike
+		roundsPerEpoch = 9  // a multiple of the node count, so each configuration leads alike
+		window         = 200 * time.Millisecond
 	)
 	configs := []string{"no-rules", "hooks-only", "10k-policies"}
 	spec := synth.Default()
@@ -323,15 +323,6 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 		if n.client, err = bed.AddPod("ns-00001", "pod-000001"); err != nil {
 			b.Fatal(err)
 		}
-		withBackend := func(fn func(dataplane.PolicyBackend) error) error {
-			return bed.InNode(func() error {
-				be, err := newBackend()
-				if err != nil {
-					return err
-				}
-				return fn(be)
-			})
-		}
 		var rs *policy.Ruleset
 		switch cfg {
 		case 1:
@@ -347,8 +338,12 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 			}
 		}
 		if rs != nil {
-			if err := withBackend(func(be dataplane.PolicyBackend) error {
-				_, err := be.FullSync(context.Background(), rs)
+			if err := bed.InNode(func() error {
+				be, err := newBackend()
+				if err != nil {
+					return err
+				}
+				_, err = be.FullSync(context.Background(), rs)
 				return err
 			}); err != nil {
 				b.Fatal(err)
@@ -367,7 +362,7 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 			for k := range nodes {
 				nodes[k] = newNode((k + epoch) % len(configs))
 			}
-			for round := range rounds / epochs {
+			for round := range roundsPerEpoch {
 				settle()
 				for j := range nodes {
 					k := (round + j) % len(nodes)
