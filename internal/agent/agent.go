@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -54,6 +56,9 @@ type Agent struct {
 	masq        *masqLoop
 	// lastEvent is when the oldest unprocessed change was seen, for programming latency.
 	lastEvent atomic.Int64
+	status    statusBoard
+	// inSync: the kernel holds the Ruleset the compiler made last (policy loop only).
+	inSync bool
 }
 
 // New returns an Agent; call Run or Once.
@@ -71,6 +76,9 @@ func New(cfg Config) *Agent {
 		cfg.Logger = slog.Default()
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, trigger: make(chan struct{}, 1), compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics()}
+	if cfg.Policy != nil {
+		a.status.policy = &FeatureStatus{Backend: cfg.Policy.Name()}
+	}
 	if cfg.Masquerade != nil {
 		a.masq = newMasqLoop(a, cfg.Masquerade)
 	}
@@ -122,9 +130,17 @@ func (a *Agent) waitSynced(ctx context.Context, srcErr <-chan error) error {
 	return nil
 }
 
-// compile computes the desired ruleset from the source's current snapshot.
-func (a *Agent) compile() (*policy.Ruleset, policy.Stats) {
-	return a.compiler.Compile(a.cfg.Source.Snapshot())
+// policyApplied records that the kernel holds the NetworkPolicy rules of st.
+func (a *Agent) policyApplied(st *cluster.State) {
+	pending := false
+	if c, ok := a.cfg.Policy.(dataplane.Compactor); ok {
+		pending = c.CompactionPending()
+	}
+	a.status.update(&a.status.policy, func(fs *FeatureStatus) {
+		fs.Generation, fs.Revision, fs.AppliedAt, fs.LastError = st.Generation, st.Revision, time.Now(), ""
+		fs.CompactionPending = pending
+	})
+	a.metrics.appliedGeneration.WithLabelValues("network-policy").Set(float64(st.Generation))
 }
 
 // Once waits for the source, replaces the kernel state once, and verifies the kernel holds it.
@@ -143,16 +159,18 @@ func (a *Agent) Once(ctx context.Context) error {
 	if a.cfg.Policy == nil {
 		return nil
 	}
-	rs, stats := a.compile()
+	st := a.cfg.Source.Snapshot()
+	rs, stats := a.compiler.Compile(st)
 	res, err := a.cfg.Policy.FullSync(ctx, rs)
 	if err != nil {
 		return err
 	}
-	a.log.Info("synced", "backend", a.cfg.Policy.Name(), "full", res.Full, "operations", res.Operations,
+	a.log.Info("synced", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting)
 	if err := a.cfg.Policy.Verify(ctx); err != nil {
 		return fmt.Errorf("kernel does not hold the desired state after sync: %w", err)
 	}
+	a.policyApplied(st)
 	a.retire("network policy", a.cfg.RetireOtherPolicyBackends, ctx)
 	return nil
 }
@@ -233,22 +251,28 @@ func (a *Agent) policyLoop(ctx context.Context) error {
 	// left in the kernel in one atomic step.
 	full := true
 	pending := true
+	repairing := false // the pending full sync restores rules someone else changed
 	for {
 		if pending {
 			pending = false
 			if err := a.syncOnce(ctx, full); err != nil {
 				a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()).Inc()
+				a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.LastError = err.Error() })
 				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
 				a.log.Error("sync failed; the kernel keeps the last applied rules", "err", err, "retryIn", backoff)
 				retry.Reset(backoff)
 			} else {
-				full, backoff = false, 0
+				if repairing {
+					a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Repairs++ })
+				}
+				full, backoff, repairing = false, 0, false
 				if !a.ready.Swap(true) {
 					a.retire("network policy", a.cfg.RetireOtherPolicyBackends, ctx)
 					a.logReady()
 				}
 				if compactor != nil && compactor.CompactionPending() {
 					compact.Reset(a.cfg.CompactDelay)
+					a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.CompactionPending = true })
 				}
 			}
 		}
@@ -274,13 +298,14 @@ func (a *Agent) policyLoop(ctx context.Context) error {
 				break
 			}
 			a.metrics.compactions.Inc()
+			a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.CompactionPending = compactor.CompactionPending() })
 			a.log.Info("compacted: removed what earlier changes left unreachable", "backend", a.cfg.Policy.Name(),
 				"operations", res.Operations, "full", res.Full, "took", time.Since(start).Round(time.Microsecond))
 		case <-resync.C:
 			if err := a.cfg.Policy.Verify(ctx); err != nil {
 				a.log.Warn("repairing kernel state", "reason", err)
 				a.metrics.driftRepairs.Inc()
-				full, pending = true, true
+				full, pending, repairing = true, true, true
 			}
 		}
 	}
@@ -289,7 +314,17 @@ func (a *Agent) policyLoop(ctx context.Context) error {
 func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 	seen := a.lastEvent.Swap(0)
 	start := time.Now()
-	rs, stats := a.compile()
+	// The snapshot's Generation and Revision are what the kernel holds once its rules apply.
+	st := a.cfg.Source.Snapshot()
+	if !full && a.inSync && a.compiler.Unchanged(st) {
+		// A snapshot that moved only the source's Revision needs no compile and no kernel
+		// transaction: the rules in the kernel stand for it as they are.
+		a.policyApplied(st)
+		a.log.Debug("no change", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "objectsChanged", false)
+		return nil
+	}
+	a.inSync = false
+	rs, stats := a.compiler.Compile(st)
 	compiled := time.Now()
 	var res dataplane.SyncResult
 	var err error
@@ -302,11 +337,12 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 		a.lastEvent.CompareAndSwap(0, seen)
 		return err
 	}
+	a.inSync = true
 	a.metrics.observeSync(a.cfg.Policy.Name(), res, stats, time.Since(start).Seconds())
 	if seen != 0 {
 		a.metrics.programLatency.Observe(time.Since(time.Unix(0, seen)).Seconds())
 	}
-	attrs := []any{"backend", a.cfg.Policy.Name(), "full", res.Full, "operations", res.Operations,
+	attrs := []any{"backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", time.Since(compiled).Round(time.Microsecond),
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting}
 	if seen != 0 {
@@ -320,15 +356,29 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 	} else {
 		a.log.Debug("no change", attrs...)
 	}
+	// After the log line, so that whoever sees the status can read the line too.
+	a.policyApplied(st)
 	return nil
 }
 
+// serveHealth serves /healthz, /readyz, /status and /metrics on HealthAddr: HOST:PORT, or
+// unix:PATH for a socket that a process in another network namespace (a test outside the
+// node's) can reach.
 func (a *Agent) serveHealth(ctx context.Context) error {
-	ln, err := net.Listen("tcp", a.cfg.HealthAddr)
+	network, addr := "tcp", a.cfg.HealthAddr
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		network, addr = "unix", path
+		// A socket file left by an earlier run would make Listen fail.
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("--health-addr %s: %w", a.cfg.HealthAddr, err)
+		}
+	}
+	ln, err := net.Listen(network, addr)
 	if err != nil {
 		return fmt.Errorf("--health-addr %s: %w", a.cfg.HealthAddr, err)
 	}
 	mux := http.NewServeMux()
+	mux.HandleFunc("/status", a.serveStatus)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {

@@ -35,8 +35,11 @@ type masqLoop struct {
 	cfg     *Masquerade
 	trigger chan struct{}
 	ready   atomic.Bool
-	// applied is the desired state of the last successful sync; nil before the first one.
-	applied *masquerade.Desired
+	// last is the desired state of the last successful sync; nil before the first one.
+	last *masquerade.Desired
+	// generation numbers the masquerade syncs, for Status: the Revision alone does not change
+	// when only the config file does.
+	generation atomic.Uint64
 	// warnedNoSources avoids repeating the same warning on every Node event.
 	warnedNoSources bool
 	metrics         *masqMetrics
@@ -88,6 +91,7 @@ func newMasqLoop(a *Agent, cfg *Masquerade) *masqLoop {
 	a.metrics.registry.MustRegister(m.syncDuration, m.syncErrors, m.configErrors, m.configValid, m.driftRepairs, m.ranges, m.latency)
 	a.metrics.backendInfo.WithLabelValues("masquerade", cfg.Backend.Name()).Set(1)
 	m.syncErrors.WithLabelValues(cfg.Backend.Name())
+	a.status.masq = &FeatureStatus{Backend: cfg.Backend.Name()}
 	return &masqLoop{a: a, cfg: cfg, trigger: make(chan struct{}, 1), metrics: m}
 }
 
@@ -99,22 +103,30 @@ func (l *masqLoop) notify() {
 	}
 }
 
+// masqInputs are what one masquerade sync computed its rules from.
+type masqInputs struct {
+	config   masquerade.ConfigState
+	revision cluster.Revision
+}
+
 // desired computes the masquerade state from the config in effect and the current Nodes.
-func (l *masqLoop) desired() (*masquerade.Desired, masquerade.Config, error) {
-	cfg, ok, err := l.cfg.Config.Current()
-	if err != nil {
+func (l *masqLoop) desired() (*masquerade.Desired, masqInputs, error) {
+	cs := l.cfg.Config.State()
+	if cs.Err != nil {
 		l.metrics.configValid.Set(0)
 	} else {
 		l.metrics.configValid.Set(1)
 	}
-	if !ok {
-		return nil, cfg, fmt.Errorf("no valid masquerade config yet: %w", err)
+	in := masqInputs{config: cs}
+	if !cs.Good {
+		return nil, in, fmt.Errorf("no valid masquerade config yet: %w", cs.Err)
 	}
 	var nodes map[string]*corev1.Node
 	if nl, ok := l.a.cfg.Source.(cluster.NodeLister); ok {
-		nodes = nl.Nodes()
+		nodes, in.revision = nl.Nodes()
 	} else {
-		nodes = l.a.cfg.Source.Snapshot().Nodes
+		st := l.a.cfg.Source.Snapshot()
+		nodes, in.revision = st.Nodes, st.Revision
 	}
 	if !l.cfg.Options.AllSources && len(masquerade.LocalPodCIDRs(nodes, l.a.cfg.NodeName)) == 0 {
 		if !l.warnedNoSources {
@@ -125,14 +137,37 @@ func (l *masqLoop) desired() (*masquerade.Desired, masquerade.Config, error) {
 	} else {
 		l.warnedNoSources = false
 	}
-	return masquerade.Compute(cfg, l.cfg.Options, nodes, l.a.cfg.NodeName), cfg, nil
+	return masquerade.Compute(cs.Config, l.cfg.Options, nodes, l.a.cfg.NodeName), in, nil
+}
+
+// applied records that the kernel holds the masquerade rules computed from in (or, with err,
+// that it could not be brought there).
+func (l *masqLoop) applied(in masqInputs, err error) {
+	var gen uint64
+	if err == nil {
+		gen = l.generation.Add(1)
+	}
+	l.a.status.update(&l.a.status.masq, func(fs *FeatureStatus) {
+		fs.ConfigRead, fs.ConfigError = in.config.ReadSum, ""
+		if in.config.Err != nil {
+			fs.ConfigError = in.config.Err.Error()
+		}
+		if err != nil {
+			fs.LastError = err.Error()
+			return
+		}
+		fs.Generation, fs.Revision, fs.Config, fs.AppliedAt, fs.LastError = gen, in.revision, in.config.Sum, time.Now(), ""
+	})
+	if err == nil {
+		l.a.metrics.appliedGeneration.WithLabelValues("masquerade").Set(float64(gen))
+	}
 }
 
 func (l *masqLoop) once(ctx context.Context) error {
 	if _, err := l.cfg.Config.Reload(); err != nil {
 		return err
 	}
-	d, _, err := l.desired()
+	d, in, err := l.desired()
 	if err != nil {
 		return err
 	}
@@ -140,10 +175,11 @@ func (l *masqLoop) once(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.a.log.Info("masquerade synced", "backend", l.cfg.Backend.Name(), "full", true, "operations", res.Operations)
+	l.a.log.Info("masquerade synced", "backend", l.cfg.Backend.Name(), "generation", l.generation.Load()+1, "full", true, "operations", res.Operations)
 	if err := l.cfg.Backend.Verify(ctx); err != nil {
 		return fmt.Errorf("kernel does not hold the desired masquerade state after sync: %w", err)
 	}
+	l.applied(in, nil)
 	l.a.retire("masquerade", l.cfg.RetireOthers, ctx)
 	return nil
 }
@@ -156,7 +192,7 @@ func (l *masqLoop) run(ctx context.Context) error {
 	watchErr := make(chan error, 1)
 	go func() {
 		watchErr <- l.cfg.Config.Watch(ctx, func() {
-			if _, _, err := l.cfg.Config.Current(); err != nil {
+			if cs := l.cfg.Config.State(); cs.Err != nil {
 				l.metrics.configErrors.Inc()
 			}
 			l.notify()
@@ -164,8 +200,8 @@ func (l *masqLoop) run(ctx context.Context) error {
 	}()
 
 	resyncEvery := func() time.Duration {
-		if cfg, ok, _ := l.cfg.Config.Current(); ok {
-			return cfg.ResyncInterval
+		if cs := l.cfg.Config.State(); cs.Good {
+			return cs.Config.ResyncInterval
 		}
 		return time.Minute
 	}
@@ -176,6 +212,7 @@ func (l *masqLoop) run(ctx context.Context) error {
 	<-retry.C
 	backoff := time.Duration(0)
 	full, pending := true, true
+	repairing := false // the pending full sync restores rules someone else changed
 	for {
 		if pending {
 			pending = false
@@ -189,7 +226,10 @@ func (l *masqLoop) run(ctx context.Context) error {
 				l.a.log.Error("masquerade sync failed; the kernel keeps the last applied rules", "err", err, "retryIn", backoff)
 				retry.Reset(backoff)
 			default:
-				full, backoff = false, 0
+				if repairing {
+					l.a.status.update(&l.a.status.masq, func(fs *FeatureStatus) { fs.Repairs++ })
+				}
+				full, backoff, repairing = false, 0, false
 				if !l.ready.Swap(true) {
 					l.a.retire("masquerade", l.cfg.RetireOthers, ctx)
 					l.a.logReady()
@@ -215,13 +255,13 @@ func (l *masqLoop) run(ctx context.Context) error {
 		case <-retry.C:
 			pending = true
 		case <-resync.C:
-			if l.applied == nil {
+			if l.last == nil {
 				continue
 			}
 			if err := l.cfg.Backend.Verify(ctx); err != nil {
 				l.a.log.Warn("restoring masquerade rules", "reason", err)
 				l.metrics.driftRepairs.Inc()
-				full, pending = true, true
+				full, pending, repairing = true, true, true
 			}
 		}
 	}
@@ -232,12 +272,14 @@ var errNoConfig = errors.New("no valid masquerade config")
 func (l *masqLoop) sync(ctx context.Context, full bool) error {
 	seen := l.lastEvent.Swap(0)
 	start := time.Now()
-	d, _, err := l.desired()
+	d, in, err := l.desired()
 	if err != nil {
 		l.a.log.Error("masquerade not applied", "err", err)
+		l.applied(in, err)
 		return errNoConfig
 	}
-	if !full && l.applied != nil && l.applied.Equal(d) {
+	if !full && l.last != nil && l.last.Equal(d) {
+		l.applied(in, nil)
 		return nil
 	}
 	var res dataplane.SyncResult
@@ -248,9 +290,10 @@ func (l *masqLoop) sync(ctx context.Context, full bool) error {
 	}
 	if err != nil {
 		l.lastEvent.CompareAndSwap(0, seen)
+		l.applied(in, err)
 		return err
 	}
-	l.applied = d
+	l.last = d
 	if seen != 0 {
 		l.metrics.latency.Observe(time.Since(time.Unix(0, seen)).Seconds())
 	}
@@ -263,7 +306,7 @@ func (l *masqLoop) sync(ctx context.Context, full bool) error {
 		l.metrics.ranges.WithLabelValues("sources", name).Set(float64(len(d.Sources[fam])))
 		l.metrics.ranges.WithLabelValues("non-masquerade", name).Set(float64(len(d.NoMasquerade[fam])))
 	}
-	attrs := []any{"backend", l.cfg.Backend.Name(), "full", res.Full, "operations", res.Operations,
+	attrs := []any{"backend", l.cfg.Backend.Name(), "generation", l.generation.Load() + 1, "full", res.Full, "operations", res.Operations,
 		"apply", time.Since(start).Round(time.Microsecond),
 		"sources", describeRanges(d.Sources), "nonMasqueradeRanges", len(d.NoMasquerade[0]) + len(d.NoMasquerade[1])}
 	if seen != 0 {
@@ -273,6 +316,8 @@ func (l *masqLoop) sync(ctx context.Context, full bool) error {
 		attrs = append(attrs, "fallbackReason", res.Fallback)
 	}
 	l.a.log.Info("masquerade synced", attrs...)
+	// After the log line, so that whoever sees the status can read the line too.
+	l.applied(in, nil)
 	return nil
 }
 

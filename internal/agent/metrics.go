@@ -22,6 +22,9 @@ type metrics struct {
 	localPods       prometheus.Gauge
 	selectedPods    prometheus.Gauge
 	policiesApplied prometheus.Gauge
+	// appliedGeneration is the Generation of the cluster state snapshot each feature's rules
+	// in the kernel come from (see Status).
+	appliedGeneration *prometheus.GaugeVec
 }
 
 // Buckets from 1 ms to about 16 s: incremental syncs take milliseconds, a full sync of a large
@@ -71,8 +74,12 @@ func newMetrics() *metrics {
 			Name: "netwarden_policies_selecting_local_pods",
 			Help: "NetworkPolicies that select at least one local pod.",
 		}),
+		appliedGeneration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "netwarden_applied_generation",
+			Help: "Generation of the cluster state snapshot whose rules the kernel holds, by feature (also on /status with the source revision).",
+		}, []string{"feature"}),
 	}
-	m.registry.MustRegister(m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
+	m.registry.MustRegister(m.appliedGeneration, m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
 		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -182,7 +182,7 @@ func agentCmd() *cobra.Command {
 	f.register(cmd)
 	mf.register(cmd)
 	cmd.Flags().BoolVar(&once, "once", false, "sync once; exit 0 when the kernel holds the desired state, non-zero otherwise")
-	cmd.Flags().StringVar(&healthAddr, "health-addr", "127.0.0.1:9491", "serve /healthz and /readyz on HOST:PORT (empty disables)")
+	cmd.Flags().StringVar(&healthAddr, "health-addr", "127.0.0.1:9491", "serve /healthz, /readyz, /status (what the kernel holds, as JSON) and /metrics on HOST:PORT or unix:PATH (empty disables)")
 	cmd.Flags().DurationVar(&resync, "resync-period", 30*time.Second, "how often to check the kernel for drift and repair it")
 	cmd.Flags().DurationVar(&compactDelay, "compact-delay", time.Second,
 		"how long the rules must be quiet before removals that changes deferred are applied (iptables-nft, where a removal costs far more than an addition)")

@@ -23,6 +23,8 @@ type State struct {
 	// Generation numbers the snapshots of a Tracker; 0 means unnumbered. Numbers are unique
 	// within the process, so a consumer fed by two trackers is never misled.
 	Generation uint64
+	// Revision says which writes of the source this snapshot contains.
+	Revision Revision
 	// Changes, when set, lets a consumer that processed the snapshot numbered Changes.Since
 	// look only at the keys listed instead of walking every map. It is a hint: the state is
 	// complete without it, and a consumer that did not see Since ignores it.
@@ -65,8 +67,9 @@ type Source interface {
 // NodeLister is implemented by sources that can hand out the Nodes alone, much more cheaply
 // than a whole Snapshot: the masquerade loop, which reads only Nodes, runs on every event.
 type NodeLister interface {
-	// Nodes returns the current valid Nodes by name. The result is never mutated afterwards.
-	Nodes() map[string]*corev1.Node
+	// Nodes returns the current valid Nodes by name, and the Revision of the source they are
+	// current at. The result is never mutated afterwards.
+	Nodes() (map[string]*corev1.Node, Revision)
 }
 
 // Clone returns a new, unnumbered State sharing every object with s.
@@ -77,6 +80,7 @@ func (s *State) Clone() *State {
 		Pods:       cloneMap(s.Pods),
 		Policies:   cloneMap(s.Policies),
 		Nodes:      cloneMap(s.Nodes),
+		Revision:   s.Revision,
 	}
 }
 

@@ -25,6 +25,12 @@ type Tracker struct {
 	// change (copy on write), so a snapshot copies only the kinds that changed.
 	shared [4]bool
 	last   *State
+	// revisionChanged: the Revision moved without any object changing (an update of fields
+	// the agent does not keep). It still makes a new snapshot, so that a writer waiting for
+	// its write to be applied sees it applied.
+	revisionChanged bool
+	// revisionShared marks cur.Revision's map as also held by a snapshot (copy on write).
+	revisionShared bool
 }
 
 // Kinds of object a Tracker holds, indexing Tracker.dirty.
@@ -88,6 +94,26 @@ func (t *Tracker) SetPolicy(key string, np *networkingv1.NetworkPolicy) {
 // SetNode stores node under its name, or removes name when node is nil.
 func (t *Tracker) SetNode(name string, node *corev1.Node) { put(t, &t.cur.Nodes, kindNode, name, node) }
 
+// SeenResourceVersion records that the events of resource up to resourceVersion rv have been
+// delivered (see Revision.ResourceVersions); it never moves backwards, as a relist delivers
+// objects with older versions again.
+func (t *Tracker) SeenResourceVersion(resource string, rv uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rv <= t.cur.Revision.ResourceVersions[resource] {
+		return
+	}
+	if t.revisionShared || t.cur.Revision.ResourceVersions == nil {
+		t.cur.Revision.ResourceVersions = maps.Clone(t.cur.Revision.ResourceVersions)
+		if t.cur.Revision.ResourceVersions == nil {
+			t.cur.Revision.ResourceVersions = map[string]uint64{}
+		}
+		t.revisionShared = false
+	}
+	t.cur.Revision.ResourceVersions[resource] = rv
+	t.revisionChanged = true
+}
+
 // Counts returns how many namespaces, pods, policies and nodes are stored, without taking a
 // snapshot (which would fold the pending changes into it, away from the next reader's).
 func (t *Tracker) Counts() (namespaces, pods, policies, nodes int) {
@@ -101,7 +127,7 @@ func (t *Tracker) Counts() (namespaces, pods, policies, nodes int) {
 func (t *Tracker) Snapshot() *State {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	changed := false
+	changed := t.revisionChanged
 	for _, d := range t.dirty {
 		changed = changed || len(d) > 0
 	}
@@ -109,8 +135,9 @@ func (t *Tracker) Snapshot() *State {
 		return t.last
 	}
 	st := &State{Namespaces: t.cur.Namespaces, Pods: t.cur.Pods, Policies: t.cur.Policies, Nodes: t.cur.Nodes,
-		Generation: generations.Add(1)}
+		Generation: generations.Add(1), Revision: t.cur.Revision}
 	t.shared = [4]bool{true, true, true, true}
+	t.revisionShared, t.revisionChanged = true, false
 	if t.last != nil {
 		st.Changes = &Changes{
 			Since:      t.last.Generation,
@@ -127,12 +154,14 @@ func (t *Tracker) Snapshot() *State {
 	return st
 }
 
-// Nodes returns the current Nodes by name; the map is never modified afterwards.
-func (t *Tracker) Nodes() map[string]*corev1.Node {
+// Nodes returns the current Nodes by name and the Revision they are current at; neither is
+// modified afterwards.
+func (t *Tracker) Nodes() (map[string]*corev1.Node, Revision) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.shared[kindNode] = true // the caller now holds cur's map too
-	return t.cur.Nodes
+	t.revisionShared = true
+	return t.cur.Nodes, t.cur.Revision
 }
 
 func sortedSet(m map[string]struct{}) []string {

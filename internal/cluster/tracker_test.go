@@ -51,7 +51,7 @@ func TestTrackerChanges(t *testing.T) {
 				tr.SetNode(name, n)
 			}
 		}
-		if got := tr.Nodes(); !reflect.DeepEqual(got, tr.cur.Nodes) {
+		if got, _ := tr.Nodes(); !reflect.DeepEqual(got, tr.cur.Nodes) {
 			t.Fatalf("step %d: Nodes() = %v, want %v", step, got, tr.cur.Nodes)
 		}
 		st := tr.Snapshot()

@@ -23,15 +23,24 @@ import (
 	"github.com/netwarden/netwarden/internal/testbed"
 )
 
-// Run executes the demo, writing a report for a person to out.
+// Run executes the demo, writing a report for a person to out. It checks every verdict it
+// shows against what it expects (examples/expected-verdicts.yaml after the policies, every pair
+// open before them, the node's address only towards the Internet) and returns an error naming
+// each difference.
 func Run(out io.Writer, agentBin, examplesDir string) error {
 	start := time.Now()
 	clusterFile := filepath.Join(examplesDir, "cluster.yaml")
 	policiesFile := filepath.Join(examplesDir, "policies.yaml")
 	masqFile := filepath.Join(examplesDir, "masq-config.yaml")
+	expectedFile := filepath.Join(examplesDir, ExpectedVerdictsFile)
 	st, errs := loadFile(clusterFile)
 	if len(errs) > 0 {
 		return fmt.Errorf("%s: %v", clusterFile, errs)
+	}
+	names := sortedKeys(st.Pods)
+	expected, err := LoadExpected(expectedFile, names, ProbePorts)
+	if err != nil {
+		return err
 	}
 
 	sim, err := simnode.New(simnode.Options{AgentBin: agentBin, Bed: testbed.Config{Topology: testbed.Routed, IPv4: true, IPv6: true}})
@@ -47,9 +56,8 @@ func Run(out io.Writer, agentBin, examplesDir string) error {
 		ns.APIVersion, ns.Kind = "v1", "Namespace"
 		objs = append(objs, ns)
 	}
-	var pods []*corev1.Pod
 	var tpods []*testbed.Pod
-	for _, k := range sortedKeys(st.Pods) {
+	for _, k := range names {
 		p := st.Pods[k]
 		var ports []corev1.ContainerPort
 		for _, c := range p.Spec.Containers {
@@ -59,7 +67,7 @@ func Run(out io.Writer, agentBin, examplesDir string) error {
 		if err != nil {
 			return err
 		}
-		pods, tpods = append(pods, obj), append(tpods, tp)
+		tpods = append(tpods, tp)
 		objs = append(objs, obj)
 		fmt.Fprintf(out, "  pod %-22s %s\n", k, joinAddrs(tp))
 	}
@@ -80,80 +88,145 @@ func Run(out io.Writer, agentBin, examplesDir string) error {
 	if err := sim.SetState(objs...); err != nil {
 		return err
 	}
-	before := sim.Syncs()
 	if err := sim.StartAgent("--masq-config", masqFile); err != nil {
 		return err
 	}
-	if err := sim.WaitSyncs(before, 20*time.Second); err != nil {
+	// Every check below waits for the agent's own word (its /status) that the kernel holds
+	// the state written, never for a log line or a fixed time.
+	if err := sim.WaitApplied(20 * time.Second); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\nAgent running: netwarden agent --manifests %s --masq-config %s\n", sim.Dir, masqFile)
-	if err := printMasquerade(out, inet, tpods); err != nil {
-		return err
+	var problems []string
+	masqOK, masqTotal, masqProblems := checkMasquerade(out, inet, tpods)
+	problems = append(problems, masqProblems...)
+
+	open := map[VerdictKey]bool{}
+	for _, from := range names {
+		for _, to := range names {
+			for _, port := range ProbePorts {
+				if from != to {
+					open[VerdictKey{from, to, port}] = true
+				}
+			}
+		}
 	}
-	printMatrices(out, sim, pods, tpods, "Before any NetworkPolicy: every pod reaches every pod")
+	beforeOK, beforeTotal, beforeProblems := checkMatrices(out, sim, names, tpods, open, "Before any NetworkPolicy: every pod reaches every pod")
+	problems = append(problems, prefixAll("before the policies: ", beforeProblems)...)
 
 	policies, err := os.ReadFile(policiesFile)
 	if err != nil {
 		return err
 	}
-	before = sim.Syncs()
 	if err := sim.WriteFile("policies.yaml", policies); err != nil {
 		return err
 	}
-	if err := sim.WaitSyncs(before, 20*time.Second); err != nil {
+	if err := sim.WaitApplied(20 * time.Second); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\nApplied %s:\n", policiesFile)
+	status, err := sim.Status()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nApplied %s (the agent reports generation %d of the cluster state in the kernel):\n", policiesFile, status.NetworkPolicy.Generation)
 	for _, line := range strings.Split(string(policies), "\n") {
 		if strings.HasPrefix(line, "# ") {
 			fmt.Fprintf(out, "  %s\n", strings.TrimPrefix(line, "# "))
 		}
 	}
-	printMatrices(out, sim, pods, tpods, "After the policies")
+	afterOK, afterTotal, afterProblems := checkMatrices(out, sim, names, tpods, expected, "After the policies (expected: "+expectedFile+")")
+	problems = append(problems, prefixAll("after the policies: ", afterProblems)...)
 
-	table, _ := sim.Nft("list", "table", "inet", "netwarden")
+	table, err := sim.Nft("list", "table", "inet", "netwarden")
+	if err != nil {
+		return fmt.Errorf("reading the NetworkPolicy table: %v: %s", err, table)
+	}
 	fmt.Fprintf(out, "\nThe kernel now holds table inet netwarden: %d chains, %d lines of rules and sets.\n",
 		strings.Count(table, "\tchain "), strings.Count(table, "\n"))
-	masq, _ := sim.Nft("list", "table", "inet", "netwarden-masq")
+	masq, err := sim.Nft("list", "table", "inet", "netwarden-masq")
+	if err != nil {
+		return fmt.Errorf("reading the masquerade table: %v: %s", err, masq)
+	}
 	fmt.Fprintf(out, "Masquerade lives in its own table, inet netwarden-masq: %d rules, whatever the number of CIDRs.\n", countRules(masq))
 	fmt.Fprintln(out, "`netwarden render --manifests DIR --node-name NAME` prints these rulesets without touching the kernel.")
 	if err := sim.StopAgent(); err != nil {
 		return fmt.Errorf("agent exit: %w", err)
 	}
 	fmt.Fprintf(out, "\nCleaned up. Demo took %.1fs.\n", time.Since(start).Seconds())
+	fmt.Fprintf(out, "masquerade: %d/%d sources as expected; before the policies: %d/%d pairs as expected\n", masqOK, masqTotal, beforeOK, beforeTotal)
+	fmt.Fprintf(out, "verified: %d/%d pairs as expected\n", afterOK, afterTotal)
+	if len(problems) > 0 {
+		return fmt.Errorf("%d verdicts differ from what was expected:\n  %s", len(problems), strings.Join(problems, "\n  "))
+	}
 	return nil
+}
+
+func prefixAll(prefix string, list []string) []string {
+	out := make([]string, len(list))
+	for i, s := range list {
+		out[i] = prefix + s
+	}
+	return out
 }
 
 // internetServers are the demo's servers outside the cluster, on documentation addresses.
 var internetServers = []netip.Addr{netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("2001:db8:aaaa::10")}
 
-// printMasquerade shows what a server sees as the source of a new connection from each pod:
-// outside the cluster the node's address, from another pod the pod's own.
-func printMasquerade(out io.Writer, inet *testbed.Internet, tpods []*testbed.Pod) error {
+// checkMasquerade shows what a server sees as the source of a new connection from each pod,
+// and checks it: outside the cluster the node's address, from another pod the pod's own.
+func checkMasquerade(out io.Writer, inet *testbed.Internet, tpods []*testbed.Pod) (ok, total int, problems []string) {
 	if len(tpods) < 2 {
-		return nil
+		return 0, 0, nil
 	}
 	peer := tpods[0]
 	srv, err := peer.StartWhoAmI(inet.Port)
 	if err != nil {
-		return err
+		return 0, 1, []string{fmt.Sprintf("starting a server in %s: %v", peer, err)}
 	}
 	defer srv.Close()
+	nodeIP := func(dst netip.Addr) netip.Addr {
+		for _, ip := range inet.NodeIPs {
+			if ip.Is4() == dst.Is4() {
+				return ip
+			}
+		}
+		return netip.Addr{}
+	}
+	check := func(tp *testbed.Pod, dst, want netip.Addr) string {
+		total++
+		got, err := tp.SourceSeenBy(context.Background(), netip.AddrPortFrom(dst, inet.Port))
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("masquerade: %s to %s: unreachable (%v), want source %s", tp, dst, err, want))
+			return "unreachable !"
+		case got != want:
+			problems = append(problems, fmt.Sprintf("masquerade: %s to %s: seen from %s, want %s", tp, dst, got, want))
+			return got.String() + " !"
+		}
+		ok++
+		return got.String()
+	}
 	fmt.Fprintf(out, "\nMasquerade: the source address a server sees for a new connection from each pod\n")
 	fmt.Fprintf(out, "  %-24s %-34s %s\n", "from", "to the Internet", "to pod "+peer.String())
 	for _, tp := range tpods[1:] {
 		var internet, pod []string
 		for _, dst := range internetServers {
-			internet = append(internet, seenBy(tp, netip.AddrPortFrom(dst, inet.Port)))
+			internet = append(internet, check(tp, dst, nodeIP(dst)))
 		}
 		for _, dst := range peer.IPs() {
-			pod = append(pod, seenBy(tp, netip.AddrPortFrom(dst, inet.Port)))
+			pod = append(pod, check(tp, dst, tp.IP(familyOf(dst))))
 		}
 		fmt.Fprintf(out, "  %-24s %-34s %s\n", tp.String(), strings.Join(internet, ", "), strings.Join(pod, ", "))
 	}
 	fmt.Fprintf(out, "  The node's addresses towards the Internet are %s; pods keep theirs inside the cluster.\n", joinIPs(inet.NodeIPs))
-	return nil
+	return ok, total, problems
+}
+
+func familyOf(ip netip.Addr) int {
+	if ip.Is4() {
+		return 4
+	}
+	return 6
 }
 
 // countRules counts the rules in nft's listing of a table: the lines of its chains after the
@@ -172,14 +245,6 @@ func countRules(listing string) int {
 		}
 	}
 	return n
-}
-
-func seenBy(tp *testbed.Pod, dst netip.AddrPort) string {
-	ip, err := tp.SourceSeenBy(context.Background(), dst)
-	if err != nil {
-		return "unreachable"
-	}
-	return ip.String()
 }
 
 func joinIPs(ips []netip.Addr) string {
@@ -214,15 +279,15 @@ func joinAddrs(tp *testbed.Pod) string {
 	return strings.Join(s, ", ")
 }
 
-// printMatrices probes TCP port 80 and 81 between every pair of pods, both families, and shows
-// one grid per port. A cell is "ok" when both families connect, "--" when both are blocked.
-func printMatrices(out io.Writer, sim *simnode.Sim, pods []*corev1.Pod, tpods []*testbed.Pod, title string) {
+// ProbePorts are the TCP ports the demo probes between every pair of pods.
+var ProbePorts = []uint16{80, 81}
+
+// checkMatrices probes TCP port 80 and 81 between every pair of pods over both families, shows
+// one grid per port and compares each pair with want. A pair is "ok" when both families
+// connect and "DENIED" when both are blocked; a cell that differs from want is marked "!".
+func checkMatrices(out io.Writer, sim *simnode.Sim, names []string, tpods []*testbed.Pod, want map[VerdictKey]bool, title string) (ok, total int, problems []string) {
 	fmt.Fprintf(out, "\n%s\n", title)
-	names := make([]string, len(pods))
-	for i, p := range pods {
-		names[i] = p.Namespace + "/" + p.Name
-	}
-	for _, port := range []uint16{80, 81} {
+	for _, port := range ProbePorts {
 		type cell struct{ r, c int }
 		var probes []testbed.Probe
 		var where []cell
@@ -239,15 +304,15 @@ func printMatrices(out io.Writer, sim *simnode.Sim, pods []*corev1.Pod, tpods []
 		}
 		results := sim.Bed.ProbeAll(context.Background(), probes)
 		allowed := map[cell]int{}
-		total := map[cell]int{}
+		probed := map[cell]int{}
 		for i, w := range where {
-			total[w]++
+			probed[w]++
 			if results[i] {
 				allowed[w]++
 			}
 		}
 		fmt.Fprintf(out, "\n  TCP port %d (%s)   rows: from, columns: to\n", port, portMeaning(port))
-		width := 0
+		width := len("DENIED !")
 		for _, n := range names {
 			width = max(width, len(n))
 		}
@@ -259,21 +324,38 @@ func printMatrices(out io.Writer, sim *simnode.Sim, pods []*corev1.Pod, tpods []
 		for r := range names {
 			fmt.Fprintf(out, "  %-*s", width+2, names[r])
 			for c := range names {
-				mark := "·"
-				switch k := (cell{r, c}); {
-				case r == c:
-				case allowed[k] == total[k]:
+				k := cell{r, c}
+				if r == c {
+					fmt.Fprintf(out, " %-*s", width, "·")
+					continue
+				}
+				total++
+				mark := "PARTIAL"
+				switch {
+				case allowed[k] == probed[k]:
 					mark = "ok"
 				case allowed[k] == 0:
-					mark = "--"
-				default:
-					mark = "partial"
+					mark = "DENIED"
+				}
+				wantOpen := want[VerdictKey{names[r], names[c], port}]
+				if (mark == "ok" && wantOpen) || (mark == "DENIED" && !wantOpen) {
+					ok++
+				} else {
+					problems = append(problems, fmt.Sprintf("%s -> %s TCP/%d: probed %s (%d of %d families connected), want %s",
+						names[r], names[c], port, strings.ToLower(mark), allowed[k], probed[k], verdictWord(wantOpen)))
+					mark += " !"
 				}
 				fmt.Fprintf(out, " %-*s", width, mark)
 			}
 			fmt.Fprintln(out)
 		}
 	}
+	if len(problems) == 0 {
+		fmt.Fprintf(out, "  %d/%d pairs as expected.\n", ok, total)
+	} else {
+		fmt.Fprintf(out, "  %d/%d pairs as expected; cells marked ! differ.\n", ok, total)
+	}
+	return ok, total, problems
 }
 
 func portMeaning(port uint16) string {

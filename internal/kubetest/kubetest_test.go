@@ -2,6 +2,7 @@ package kubetest
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -129,8 +131,25 @@ func TestIntegrationServer(t *testing.T) {
 		t.Errorf("service-account token after restart: %v", err)
 	}
 
-	if err := DeletePodNow(ctx, admin, "shop", "web"); err != nil {
+	// The delete's resourceVersion is the one a watcher sees on the DELETED event: tests wait
+	// for an agent to have seen a delete by it.
+	w, err := admin.CoreV1().Pods("shop").Watch(ctx, metav1.ListOptions{ResourceVersion: got.ResourceVersion})
+	if err != nil {
 		t.Fatal(err)
+	}
+	defer w.Stop()
+	rv, err := DeletePodNow(ctx, admin, "shop", "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ev := range w.ResultChan() {
+		if ev.Type != watch.Deleted {
+			continue
+		}
+		if got := ev.Object.(*corev1.Pod).ResourceVersion; got != strconv.FormatUint(rv, 10) {
+			t.Errorf("DeletePodNow returned resourceVersion %d; the DELETED event carries %s", rv, got)
+		}
+		break
 	}
 	if _, err := admin.CoreV1().Pods("shop").Get(ctx, "web", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("pod still there after DeletePodNow: err=%v", err)

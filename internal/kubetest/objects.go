@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 )
 
@@ -79,7 +82,29 @@ func setCondition(st *corev1.PodStatus, typ corev1.PodConditionType, now metav1.
 // DeletePodNow deletes a pod with a zero grace period. Without a kubelet, a pod bound to a node
 // and deleted gracefully would only get a deletionTimestamp and stay until the grace period ran out
 // and a kubelet confirmed; this removes it at once, as `kubectl delete --force --grace-period=0`.
-func DeletePodNow(ctx context.Context, c kubernetes.Interface, namespace, name string) error {
+// It returns the resourceVersion of the delete (see DeleteNow).
+func DeletePodNow(ctx context.Context, c kubernetes.Interface, namespace, name string) (uint64, error) {
+	return DeleteNow(ctx, c.CoreV1().RESTClient(), "pods", namespace, name)
+}
+
+// DeleteNow deletes an object with a zero grace period through rc (the REST client of the
+// object's API group, such as CoreV1().RESTClient()) and returns the resourceVersion of the
+// delete, which watchers see on the DELETED event: the typed clients' Delete drops the response
+// that carries it, and a test needs it to wait until an agent has seen the delete.
+func DeleteNow(ctx context.Context, rc rest.Interface, resource, namespace, name string) (uint64, error) {
 	zero := int64(0)
-	return c.CoreV1().Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	obj, err := rc.Delete().NamespaceIfScoped(namespace, namespace != "").Resource(resource).Name(name).
+		Body(&metav1.DeleteOptions{GracePeriodSeconds: &zero}).Do(ctx).Get()
+	if err != nil {
+		return 0, err
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return 0, fmt.Errorf("deleting %s %s/%s: the response is a %T, not the deleted object", resource, namespace, name, obj)
+	}
+	rv, err := strconv.ParseUint(m.GetResourceVersion(), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("deleting %s %s/%s: resourceVersion %q: %w", resource, namespace, name, m.GetResourceVersion(), err)
+	}
+	return rv, nil
 }

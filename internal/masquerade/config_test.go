@@ -213,14 +213,20 @@ func TestConfigFileWatchConfigMapUpdate(t *testing.T) {
 		t.Fatal(err)
 	}
 	cf := NewConfigFile(filepath.Join(dir, "config"), false, nil)
-	if _, err := cf.Reload(); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	notified := make(chan struct{}, 10)
 	go cf.Watch(ctx, func() { notified <- struct{}{} })
-	time.Sleep(100 * time.Millisecond) // the watch is set up
+	// Watch loads the file once its watch is set up, and notifies of that first config.
+	select {
+	case <-notified:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no first load")
+	}
+	if st := cf.State(); st.ReadSum == "" || st.Sum != st.ReadSum {
+		t.Fatalf("after the first load: %+v", st)
+	}
+	first := cf.State().Sum
 	write("2", "nonMasqueradeCIDRs: [203.0.113.0/24]\n")
 	select {
 	case <-notified:
@@ -229,5 +235,8 @@ func TestConfigFileWatchConfigMapUpdate(t *testing.T) {
 	}
 	if c, _, err := cf.Current(); err != nil || prefixStrings(c.NonMasqueradeCIDRs) != "203.0.113.0/24" {
 		t.Fatalf("after the update: %v %v", prefixStrings(c.NonMasqueradeCIDRs), err)
+	}
+	if st := cf.State(); st.Sum == first || st.Sum != st.ReadSum {
+		t.Errorf("the content hash did not follow the update: %+v (first %s)", st, first)
 	}
 }

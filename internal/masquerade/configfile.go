@@ -3,6 +3,8 @@ package masquerade
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +30,38 @@ type ConfigFile struct {
 	raw     []byte // the content cur came from; nil for a missing file
 	present bool
 	lastErr error
+	// readSum is the hex SHA-256 of the bytes last read, whether they parsed or not.
+	readSum string
+}
+
+// ConfigState is the config in effect and what the file held when last read.
+type ConfigState struct {
+	Config Config
+	// Good: Config came from the file (or the defaults); false until the file once parsed.
+	Good bool
+	// Sum is the hex SHA-256 of the content Config came from, and ReadSum that of the bytes
+	// last read; they differ while the file holds a config that does not parse. Both are
+	// empty without a file.
+	Sum, ReadSum string
+	// Err is why the latest load failed.
+	Err error
+}
+
+// State returns the config in effect with the hashes of its content and of the content last
+// read, so a writer of the file can tell when its write was taken (or refused).
+func (c *ConfigFile) State() ConfigState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := ConfigState{Config: c.cur, Good: c.good, ReadSum: c.readSum, Err: c.lastErr}
+	if c.path != "" && c.good {
+		st.Sum = hexSum(c.raw)
+	}
+	return st
+}
+
+func hexSum(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
 }
 
 // NewConfigFile returns the config at path; an empty path means the defaults, not watched.
@@ -67,6 +101,7 @@ func (c *ConfigFile) Reload() (bool, error) {
 		c.lastErr = fmt.Errorf("masquerade config %s: %w", c.path, err)
 		return false, c.lastErr
 	}
+	c.readSum = hexSum(data)
 	if c.good && present == c.present && bytes.Equal(data, c.raw) {
 		c.lastErr = nil
 		return false, nil

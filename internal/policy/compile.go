@@ -86,6 +86,23 @@ type podChange struct {
 	old, new *podInfo
 }
 
+// Unchanged reports whether st holds the same objects as the snapshot compiled last, and if so
+// takes st as compiled, so that the next snapshot's Changes still apply: the last Ruleset
+// stands for st too. Sources make such snapshots when only their Revision moved (an update of
+// fields the agent drops, a file rewritten with equal objects).
+func (cc *Compiler) Unchanged(st *cluster.State) bool {
+	if st.Generation != 0 && st.Generation == cc.gen {
+		return true
+	}
+	ch := st.Changes
+	if ch == nil || cc.gen == 0 || ch.Since != cc.gen ||
+		len(ch.Namespaces)+len(ch.Pods)+len(ch.Policies)+len(ch.Nodes) > 0 {
+		return false
+	}
+	cc.gen = st.Generation
+	return true
+}
+
 // Compile computes the desired Ruleset for the compiler's node from st.
 func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 	cc.sels.rotate()

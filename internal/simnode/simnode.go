@@ -6,11 +6,17 @@ package simnode
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
+	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/testbed"
 )
 
@@ -43,6 +50,15 @@ type Sim struct {
 	Dir      string // the manifests directory the agent watches
 	NodeName string
 	bin      string
+	// sockDir holds the unix socket of the agent's health server, through which Status reads
+	// what the agent has applied: a unix socket is reachable from outside the node's netns.
+	sockDir string
+	// healthAddr is where the running agent serves its health endpoints: unix:PATH, or
+	// HOST:PORT inside the node netns.
+	healthAddr string
+	// wrote maps each manifest file this Sim wrote to the hex SHA-256 of its content, or to ""
+	// once removed: the agent has applied the writes when its Revision agrees.
+	wrote map[string]string
 
 	mu      sync.Mutex
 	agent   *exec.Cmd
@@ -79,12 +95,18 @@ func New(opts Options) (*Sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	bed, err := testbed.New(opts.Bed)
+	sockDir, err := os.MkdirTemp("", "netwarden-sock-")
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	return &Sim{Bed: bed, Dir: dir, NodeName: opts.NodeName, bin: bin}, nil
+	bed, err := testbed.New(opts.Bed)
+	if err != nil {
+		os.RemoveAll(dir)
+		os.RemoveAll(sockDir)
+		return nil, err
+	}
+	return &Sim{Bed: bed, Dir: dir, NodeName: opts.NodeName, bin: bin, sockDir: sockDir, wrote: map[string]string{}}, nil
 }
 
 // Close stops the agent and removes the namespaces and the manifests directory.
@@ -95,6 +117,7 @@ func (s *Sim) Close() error {
 	}
 	err := s.Bed.Close()
 	os.RemoveAll(s.Dir)
+	os.RemoveAll(s.sockDir)
 	return err
 }
 
@@ -153,13 +176,45 @@ func Marshal(objs ...runtime.Object) ([]byte, error) {
 }
 
 // WriteFile atomically replaces file name in the manifests directory, so the agent never
-// reads a half-written file.
+// reads a half-written file. WaitApplied then waits for this content.
 func (s *Sim) WriteFile(name string, data []byte) error {
 	tmp := filepath.Join(s.Dir, ".tmp-"+name)
 	if err := os.WriteFile(tmp, data, 0o644); err != nil {
 		return err
 	}
-	return os.Rename(tmp, filepath.Join(s.Dir, name))
+	if err := os.Rename(tmp, filepath.Join(s.Dir, name)); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.wrote[name] = ContentHash(data)
+	s.mu.Unlock()
+	return nil
+}
+
+// RemoveFile removes file name from the manifests directory. WaitApplied then waits for the
+// agent to have applied a state without it.
+func (s *Sim) RemoveFile(name string) error {
+	if err := os.Remove(filepath.Join(s.Dir, name)); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.wrote[name] = ""
+	s.mu.Unlock()
+	return nil
+}
+
+// Written returns the files this Sim wrote, each with the ContentHash of its latest content
+// ("" once removed), for checking another agent's status with Covers.
+func (s *Sim) Written() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.wrote)
+}
+
+// ContentHash spells the hash of a manifest file's content as the agent's Revision does.
+func ContentHash(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
 }
 
 // SetState writes the whole cluster state as one file, so the agent sees each step as one change.
@@ -177,7 +232,8 @@ func (s *Sim) StartAgent(extra ...string) error {
 }
 
 // StartAgentArgs runs `netwarden agent` inside the node netns with the node name, debug logs,
-// no health server, and the given flags (which must name a state source).
+// the health server on a unix socket (see Status), and the given flags (which must name a
+// state source).
 func (s *Sim) StartAgentArgs(flags ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -185,7 +241,17 @@ func (s *Sim) StartAgentArgs(flags ...string) error {
 		return errors.New("agent already running")
 	}
 	args := append([]string{"netns", "exec", s.Bed.NodeNetNSName(), s.bin, "agent",
-		"--node-name", s.NodeName, "--health-addr", "", "--log-level", "debug"}, flags...)
+		"--node-name", s.NodeName, "--health-addr", "unix:" + s.StatusSocket(), "--log-level", "debug"}, flags...)
+	// A test that chooses the health address itself (to check the TCP endpoint) gets its
+	// status read there.
+	s.healthAddr = "unix:" + s.StatusSocket()
+	for i, f := range flags {
+		if v, ok := strings.CutPrefix(f, "--health-addr="); ok {
+			s.healthAddr = v
+		} else if f == "--health-addr" && i+1 < len(flags) {
+			s.healthAddr = flags[i+1]
+		}
+	}
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout = &lockedWriter{mu: &s.mu, w: &s.log}
 	cmd.Stderr = cmd.Stdout
@@ -243,42 +309,170 @@ func (s *Sim) Log() string {
 	return s.log.String()
 }
 
-// Syncs counts the changes the agent has processed: applied ("synced") or found to need no
-// kernel change ("no change").
-func (s *Sim) Syncs() int {
-	l := s.Log()
-	return strings.Count(l, "msg=synced") + strings.Count(l, `msg="no change"`)
+// StatusSocket is the unix socket the agent started by StartAgent serves its health
+// endpoints on.
+func (s *Sim) StatusSocket() string { return filepath.Join(s.sockDir, "agent.sock") }
+
+// Status reads the agent's /status, its Revisions limited to the files this Sim wrote.
+func (s *Sim) Status() (agent.Status, error) {
+	s.mu.Lock()
+	var files []string
+	for f := range s.wrote {
+		files = append(files, f)
+	}
+	addr := s.healthAddr
+	s.mu.Unlock()
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		return ReadStatus(path, files, nil)
+	}
+	return readStatus(func(ctx context.Context) (net.Conn, error) {
+		var conn net.Conn
+		err := s.Bed.InNode(func() error {
+			var d net.Dialer
+			var err error
+			conn, err = d.DialContext(ctx, "tcp", addr)
+			return err
+		})
+		return conn, err
+	}, files, nil)
 }
 
-// WaitSyncs waits until the agent has processed more than after changes.
-func (s *Sim) WaitSyncs(after int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if s.Syncs() > after {
-			return nil
+// ReadStatus reads /status from the agent serving on the unix socket sock, its Revisions
+// limited to the named files and resources.
+func ReadStatus(sock string, files, resources []string) (agent.Status, error) {
+	return readStatus(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}, files, resources)
+}
+
+func readStatus(dial func(context.Context) (net.Conn, error), files, resources []string) (agent.Status, error) {
+	var st agent.Status
+	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+	}}
+	defer c.CloseIdleConnections()
+	q := url.Values{"file": files, "resource": resources}
+	resp, err := c.Get("http://agent/status?" + q.Encode())
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("GET /status: %s", resp.Status)
+	}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// Applied reports whether every enabled feature's rules come from a state that holds the
+// latest content of every file this Sim wrote (and none it removed).
+func (s *Sim) Applied(st agent.Status) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Covers(st, s.wrote)
+}
+
+// Covers reports whether each feature in st has applied a state holding exactly the given file
+// contents (name to ContentHash; "" for a removed file). A feature that has not synced yet
+// covers nothing.
+func Covers(st agent.Status, files map[string]string) bool {
+	for _, fs := range []*agent.FeatureStatus{st.NetworkPolicy, st.Masquerade} {
+		if fs == nil {
+			continue
 		}
-		s.mu.Lock()
-		exited := s.exited
-		s.mu.Unlock()
-		if exited != nil {
-			select {
-			case <-exited:
-				return fmt.Errorf("agent exited:\n%s", s.Log())
-			default:
+		if fs.Generation == 0 {
+			return false
+		}
+		for name, want := range files {
+			if fs.Revision.Files[name] != want {
+				return false
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	return fmt.Errorf("agent did not sync within %s; log:\n%s", timeout, s.Log())
+	return st.NetworkPolicy != nil || st.Masquerade != nil
 }
 
-// Apply writes the state and waits for the agent to process it.
+// CoversResource reports whether each feature in st has applied a state holding the write of
+// resource at resourceVersion rv (the API source).
+func CoversResource(st agent.Status, resource string, rv uint64) bool {
+	for _, fs := range []*agent.FeatureStatus{st.NetworkPolicy, st.Masquerade} {
+		if fs == nil {
+			continue
+		}
+		if fs.Generation == 0 || !fs.Revision.Covers(resource, rv) {
+			return false
+		}
+	}
+	return st.NetworkPolicy != nil || st.Masquerade != nil
+}
+
+// WaitApplied waits until the agent has applied the latest content of every file this Sim
+// wrote: read from its status, never guessed from its log or from time.
+func (s *Sim) WaitApplied(timeout time.Duration) error {
+	return s.WaitStatus(timeout, "the files written", s.Applied)
+}
+
+// WaitResource waits until the agent (from the API source) has applied the write of resource
+// at resourceVersion rv.
+func (s *Sim) WaitResource(timeout time.Duration, resource string, rv uint64) error {
+	return s.WaitStatus(timeout, fmt.Sprintf("%s at resourceVersion %d", resource, rv), func(st agent.Status) bool {
+		return CoversResource(st, resource, rv)
+	})
+}
+
+// WaitStatus polls the agent's status until done holds. It fails early when the agent exits,
+// and the error shows the last status and the end of the log.
+func (s *Sim) WaitStatus(timeout time.Duration, what string, done func(agent.Status) bool) error {
+	start := time.Now()
+	deadline := start.Add(timeout)
+	var last agent.Status
+	var lastErr error
+	for {
+		st, err := s.Status()
+		if err == nil && done(st) {
+			return nil
+		}
+		last, lastErr = st, err
+		s.mu.Lock()
+		exited := s.exited
+		running := s.agent != nil
+		s.mu.Unlock()
+		if !running {
+			return fmt.Errorf("waiting for the agent to apply %s: no agent running", what)
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("agent exited before applying %s:\n%s", what, tailLines(s.Log(), 40))
+		default:
+		}
+		if time.Now().After(deadline) {
+			b, _ := json.MarshalIndent(last, "", "  ")
+			return fmt.Errorf("agent did not apply %s within %s (last status error %v):\n%s\nlog:\n%s", what, timeout, lastErr, b, tailLines(s.Log(), 40))
+		}
+		// A poll interval, not a guess at sync time: fine at first, so that latency
+		// benchmarks are not rounded up, then coarser, to leave the agent the CPU.
+		if time.Since(start) < 100*time.Millisecond {
+			time.Sleep(250 * time.Microsecond)
+		} else {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// Apply writes the state and waits for the agent to apply it.
 func (s *Sim) Apply(objs ...runtime.Object) error {
-	before := s.Syncs()
 	if err := s.SetState(objs...); err != nil {
 		return err
 	}
-	return s.WaitSyncs(before, 15*time.Second)
+	return s.WaitApplied(15 * time.Second)
+}
+
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // FlushConntrack forgets every tracked flow in the node netns. Policy changes apply to new

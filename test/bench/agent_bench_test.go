@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/simnode"
 	"github.com/netwarden/netwarden/internal/synth"
 	"github.com/netwarden/netwarden/internal/testbed"
@@ -73,11 +74,8 @@ func BenchmarkAgentAtScale(b *testing.B) {
 		if err := sim.StartAgent("--log-level", "info"); err != nil {
 			b.Fatal(err)
 		}
-		for !strings.Contains(sim.Log(), "msg=ready") {
-			if time.Since(start) > 2*time.Minute {
-				b.Fatalf("agent not ready:\n%s", sim.Log())
-			}
-			time.Sleep(5 * time.Millisecond)
+		if err := sim.WaitStatus(2*time.Minute, "ready", func(st agent.Status) bool { return st.Ready }); err != nil {
+			b.Fatal(err)
 		}
 		ready = time.Since(start)
 		time.Sleep(2 * time.Second) // let the first sync's garbage be collected

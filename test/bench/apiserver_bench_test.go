@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/kubetest"
 	"github.com/netwarden/netwarden/internal/simnode"
 	"github.com/netwarden/netwarden/internal/synth"
@@ -123,11 +125,8 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 		if err := sim.StartAgentArgs("--kubeconfig", srv.Kubeconfig(b, ""), "--log-level", "info"); err != nil {
 			b.Fatal(err)
 		}
-		for !strings.Contains(sim.Log(), "msg=ready") {
-			if time.Since(start) > 5*time.Minute {
-				b.Fatalf("agent not ready:\n%s", sim.Log())
-			}
-			time.Sleep(5 * time.Millisecond)
+		if err := sim.WaitStatus(5*time.Minute, "ready", func(st agent.Status) bool { return st.Ready }); err != nil {
+			b.Fatal(err)
 		}
 		ready = append(ready, time.Since(start))
 		time.Sleep(2 * time.Second)
@@ -139,16 +138,13 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 					From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%d", i%10)}}}},
 				}}},
 			}
-			before := sim.Syncs()
 			t0 := time.Now()
-			if _, err := client.NetworkingV1().NetworkPolicies("ns-00002").Create(ctx, np, metav1.CreateOptions{}); err != nil {
+			created, err := client.NetworkingV1().NetworkPolicies("ns-00002").Create(ctx, np, metav1.CreateOptions{})
+			if err != nil {
 				b.Fatal(err)
 			}
-			for sim.Syncs() <= before {
-				if time.Since(t0) > 30*time.Second {
-					b.Fatalf("policy not applied:\n%s", sim.Log())
-				}
-				time.Sleep(200 * time.Microsecond)
+			if err := sim.WaitResource(30*time.Second, "networkpolicies", cluster.ParseResourceVersion(created.ResourceVersion)); err != nil {
+				b.Fatal(err)
 			}
 			createToEnforced = append(createToEnforced, time.Since(t0))
 		}

@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/kubetest"
 	"github.com/netwarden/netwarden/internal/simnode"
 	"github.com/netwarden/netwarden/internal/testbed"
@@ -48,7 +50,7 @@ func BenchmarkMasqueradeAgent(b *testing.B) {
 		cidrs = append(cidrs, fmt.Sprintf("100.%d.%d.0/24", 64+i/128, 2*(i%128)))
 	}
 	path := filepath.Join(b.TempDir(), "config")
-	writeConfig := func(cidrs []string) {
+	writeConfig := func(cidrs []string) string {
 		b.Helper()
 		data := "cidrLimit: 2000\nnonMasqueradeCIDRs:\n  - " + strings.Join(cidrs, "\n  - ") + "\n"
 		if err := os.WriteFile(path+".tmp", []byte(data), 0o644); err != nil {
@@ -57,19 +59,22 @@ func BenchmarkMasqueradeAgent(b *testing.B) {
 		if err := os.Rename(path+".tmp", path); err != nil {
 			b.Fatal(err)
 		}
+		return data
 	}
-	writeConfig(cidrs)
+	base := writeConfig(cidrs)
 
-	synced := func() int { return strings.Count(sim.Log(), `msg="masquerade synced"`) }
-	waitSynced := func(before int, t0 time.Time, what string) time.Duration {
+	// applied waits for the agent's status to report the write applied: the config content
+	// last written, or the Node created (by its resourceVersion).
+	applied := func(t0 time.Time, what string, done func(*agent.FeatureStatus) bool) time.Duration {
 		b.Helper()
-		for synced() <= before {
-			if time.Since(t0) > 30*time.Second {
-				b.Fatalf("%s not applied:\n%s", what, sim.Log())
-			}
-			time.Sleep(100 * time.Microsecond)
+		if err := sim.WaitStatus(30*time.Second, what, func(st agent.Status) bool { return st.Masquerade != nil && done(st.Masquerade) }); err != nil {
+			b.Fatal(err)
 		}
 		return time.Since(t0)
+	}
+	configApplied := func(data string) func(*agent.FeatureStatus) bool {
+		sum := simnode.ContentHash([]byte(data))
+		return func(m *agent.FeatureStatus) bool { return m.Config == sum }
 	}
 	var configChange, configRemove, nodeAdd, nodeAddInAgent []time.Duration
 	// sinceEvent is the agent's own measure of the last sync: from the event reaching it to the
@@ -92,34 +97,29 @@ func BenchmarkMasqueradeAgent(b *testing.B) {
 		if err := sim.StartAgentArgs("--kubeconfig", srv.Kubeconfig(b, ""), "--log-level", "info", "--network-policy=false", "--masq-config", path); err != nil {
 			b.Fatal(err)
 		}
-		start := time.Now()
-		for !strings.Contains(sim.Log(), "msg=ready") {
-			if time.Since(start) > time.Minute {
-				b.Fatalf("agent not ready:\n%s", sim.Log())
-			}
-			time.Sleep(5 * time.Millisecond)
+		if err := sim.WaitStatus(time.Minute, "ready", func(st agent.Status) bool { return st.Ready }); err != nil {
+			b.Fatal(err)
 		}
 		for i := range 20 {
-			before := synced()
 			t0 := time.Now()
-			writeConfig(append(slices.Clone(cidrs), fmt.Sprintf("198.18.%d.0/24", 2*i)))
-			configChange = append(configChange, waitSynced(before, t0, "config change"))
+			data := writeConfig(append(slices.Clone(cidrs), fmt.Sprintf("198.18.%d.0/24", 2*i)))
+			configChange = append(configChange, applied(t0, "config change", configApplied(data)))
 
 			// Back to the base config: a CIDR removed is an element deleted (see README,
 			// Performance, for why that no longer waits for an RCU grace period).
-			before = synced()
 			t0 = time.Now()
 			writeConfig(cidrs)
-			configRemove = append(configRemove, waitSynced(before, t0, "config change"))
+			configRemove = append(configRemove, applied(t0, "config change", configApplied(base)))
 
-			before = synced()
 			t0 = time.Now()
 			name := fmt.Sprintf("bench-node-%d-%d", len(nodeAdd), i)
-			if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
-				Spec: corev1.NodeSpec{PodCIDRs: []string{fmt.Sprintf("172.30.%d.0/24", len(nodeAdd)), fmt.Sprintf("fd00:30:%x::/64", len(nodeAdd))}}}, metav1.CreateOptions{}); err != nil {
+			node, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: corev1.NodeSpec{PodCIDRs: []string{fmt.Sprintf("172.30.%d.0/24", len(nodeAdd)), fmt.Sprintf("fd00:30:%x::/64", len(nodeAdd))}}}, metav1.CreateOptions{})
+			if err != nil {
 				b.Fatal(err)
 			}
-			nodeAdd = append(nodeAdd, waitSynced(before, t0, "node add"))
+			rv := cluster.ParseResourceVersion(node.ResourceVersion)
+			nodeAdd = append(nodeAdd, applied(t0, "node add", func(m *agent.FeatureStatus) bool { return m.Revision.Covers("nodes", rv) }))
 			nodeAddInAgent = append(nodeAddInAgent, sinceEvent())
 		}
 		if err := sim.StopAgent(); err != nil {

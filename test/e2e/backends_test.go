@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/simnode"
 	"github.com/netwarden/netwarden/internal/testbed"
 )
@@ -84,22 +85,17 @@ exec %q "$@"
 	return path
 }
 
-// settledKernelState is kernelState once the agent has applied the removals that changes
-// deferred (iptables-nft compacts after --compact-delay, 1s, of quiet): the state no longer
-// changes over twice that delay.
-func settledKernelState(ctx context.Context, t *testing.T, bed *testbed.Bed, be backend) string {
+// settledKernelState is kernelState once the agent has applied the state written and the
+// removals that changes deferred (iptables-nft compacts after --compact-delay of quiet), as its
+// status reports.
+func settledKernelState(ctx context.Context, t *testing.T, sim *simnode.Sim, be backend) string {
 	t.Helper()
-	state := kernelState(ctx, bed, be)
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
-		time.Sleep(2 * time.Second)
-		next := kernelState(ctx, bed, be)
-		if next == state {
-			return state
-		}
-		state = next
+	if err := sim.WaitStatus(30*time.Second, "the written state, compacted", func(st agent.Status) bool {
+		return sim.Applied(st) && st.NetworkPolicy != nil && !st.NetworkPolicy.CompactionPending
+	}); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("kernel state still changing after 30s:\n%s", state)
-	return ""
+	return kernelState(ctx, sim.Bed, be)
 }
 
 // kernelState prints what the backend holds in the node netns, in a canonical order, so two

@@ -142,24 +142,14 @@ func TestHealthAndMetrics(t *testing.T) {
 			`netwarden_policies_selecting_local_pods 1`,
 			`netwarden_kernel_objects{backend="` + be.name + `",kind="chains"}`,
 		}
-		// The sync count that apply waits for also counts the watcher's "no change" for the
-		// temporary file, so the change itself may land a moment later: poll for it.
-		var status int
-		var body string
+		// apply waited for the status to report the written state applied, so the metrics of
+		// that sync are there now.
+		status, body := httpGet(w, addr, "/metrics")
 		var missing []string
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			status, body = httpGet(w, addr, "/metrics")
-			missing = nil
-			for _, want := range wants {
-				if !strings.Contains(body, want) {
-					missing = append(missing, want)
-				}
+		for _, want := range wants {
+			if !strings.Contains(body, want) {
+				missing = append(missing, want)
 			}
-			if status == http.StatusOK && len(missing) == 0 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
 		}
 		if status != http.StatusOK {
 			t.Fatalf("/metrics = %d", status)
@@ -169,6 +159,26 @@ func TestHealthAndMetrics(t *testing.T) {
 		}
 		if strings.Contains(body, `netwarden_programming_latency_seconds_count 0`) {
 			t.Error("programming latency has no sample after a change")
+		}
+
+		// The applied generation is one fact in three places: /status, the metric and the
+		// "synced" log line.
+		st, err := w.sim.Status()
+		if err != nil || st.NetworkPolicy == nil || st.NetworkPolicy.Generation == 0 || !st.Ready {
+			t.Fatalf("/status: %+v, %v", st, err)
+		}
+		gen := st.NetworkPolicy.Generation
+		if want := fmt.Sprintf(`netwarden_applied_generation{feature="network-policy"} %d`, gen); !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+		if want := fmt.Sprintf("msg=synced backend=%s generation=%d ", be.name, gen); !strings.Contains(w.sim.Log(), want) {
+			t.Errorf("no %q in the log:\n%s", want, tail(w.sim.Log(), 10))
+		}
+		if got := st.NetworkPolicy.Revision.Files["cluster.yaml"]; got != w.sim.Written()["cluster.yaml"] || got == "" {
+			t.Errorf("/status names cluster.yaml content %q, want the hash of what was written", got)
+		}
+		if st.Masquerade == nil || st.Masquerade.Generation == 0 || st.Masquerade.Revision.Files["cluster.yaml"] != w.sim.Written()["cluster.yaml"] {
+			t.Errorf("/status of masquerade: %+v", st.Masquerade)
 		}
 	})
 }

@@ -98,12 +98,12 @@ func TestThirdPartyRulesSurvive(t *testing.T) {
 		}
 		// A drift repair is a full sync: it rewrites our chains and moves our jump first,
 		// and still leaves everything else alone.
+		repairs := policyRepairs(t, w)
 		ipt("iptables-"+be.mode, "-D", "FORWARD", "-j", "NETWARDEN-FORWARD")
-		waitFor(t, 15*time.Second, "drift repaired", func() bool { return strings.Contains(w.sim.Log(), "repairing kernel state") })
-		waitFor(t, 15*time.Second, "jump restored", func() bool {
-			out, _ := w.sim.Bed.NodeExec(ctx, "iptables-"+be.mode+"-save", "-t", "filter")
-			return strings.Contains(string(out), "-A FORWARD -j NETWARDEN-FORWARD\n-A FORWARD -j OTHER-AGENT")
-		})
+		waitRepaired(t, w, repairs)
+		if out, _ := w.sim.Bed.NodeExec(ctx, "iptables-"+be.mode+"-save", "-t", "filter"); !strings.Contains(string(out), "-A FORWARD -j NETWARDEN-FORWARD\n-A FORWARD -j OTHER-AGENT") {
+			t.Fatalf("the repair did not put our jump first:\n%s", out)
+		}
 		requireThirdParty("after a full sync")
 		w.requireIncremental(t)
 	})
@@ -136,11 +136,10 @@ func TestRestartConverges(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !be.iptables() {
-			before := w.sim.Syncs()
 			if err := w.sim.StartAgent("--resync-period", "2s"); err != nil {
 				t.Fatal(err)
 			}
-			if err := w.sim.WaitSyncs(before, 15*time.Second); err != nil {
+			if err := w.sim.WaitApplied(15 * time.Second); err != nil {
 				t.Fatal(err)
 			}
 			if strings.Contains(w.sim.Log(), "sync failed") {
@@ -153,7 +152,7 @@ func TestRestartConverges(t *testing.T) {
 				other = iptablesLegacy
 			}
 			a := startAgentIn(t, agentBinary(t, other), w.sim.Bed.NodeNetNSName(), w.sim.NodeName, w.sim.Dir)
-			waitFor(t, 15*time.Second, "restarted agent synced", func() bool { return a.syncs() > 0 })
+			a.waitApplied(t, w.sim.Written())
 			a.mu.Lock()
 			log := a.log.String()
 			a.mu.Unlock()
@@ -180,9 +179,9 @@ func TestRestartConverges(t *testing.T) {
 // dir, until the test ends.
 func startAgentIn(t *testing.T, bin, netns, name, dir string) *nodeAgent {
 	t.Helper()
-	a := &nodeAgent{nodeName: name}
+	a := &nodeAgent{nodeName: name, sock: filepath.Join(t.TempDir(), "agent.sock")}
 	a.cmd = exec.Command("ip", "netns", "exec", netns, bin, "agent", "--manifests", dir,
-		"--node-name", name, "--health-addr", "", "--log-level", "debug", "--resync-period", "2s")
+		"--node-name", name, "--health-addr", "unix:"+a.sock, "--log-level", "debug", "--resync-period", "2s")
 	a.cmd.Stdout, a.cmd.Stderr = a, a
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -241,7 +240,7 @@ func TestEventOrder(t *testing.T) {
 		w.apply(t)
 		w.check(t, "policy updated, then namespace relabelled")
 
-		incremental := settledKernelState(ctx, t, w.sim.Bed, be)
+		incremental := settledKernelState(ctx, t, w.sim, be)
 		if err := w.sim.StopAgent(); err != nil {
 			t.Fatal(err)
 		}

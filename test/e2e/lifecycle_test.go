@@ -3,12 +3,14 @@ package e2e
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/testbed"
 )
 
@@ -107,6 +109,7 @@ func TestRestartDriftAndBadInput(t *testing.T) {
 		// restart; neither may flip at any moment.
 		stop := make(chan struct{})
 		flips := make(chan string, 100)
+		var rounds atomic.Int64
 		go func() {
 			for {
 				select {
@@ -122,16 +125,19 @@ func TestRestartDriftAndBadInput(t *testing.T) {
 				if !tcpProbe(w, "x/a", "x/b", 80) && !tcpProbe(w, "x/a", "x/b", 80) {
 					flips <- "allowed flow x/a -> x/b broke"
 				}
+				rounds.Add(1)
 			}
 		}()
-		before := w.sim.Syncs()
 		if err := w.sim.StartAgent("--resync-period", "1s"); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.sim.WaitSyncs(before, 15*time.Second); err != nil {
+		if err := w.sim.WaitApplied(15 * time.Second); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(500 * time.Millisecond)
+		// Keep probing for a few more rounds after the first sync, so that a flip it caused
+		// shortly after the status turned is seen too.
+		rounds.Store(0)
+		waitFor(t, 15*time.Second, "five probe rounds after the restart", func() bool { return rounds.Load() >= 5 })
 		close(stop)
 		for f := range flips {
 			t.Errorf("during restart: %s", f)
@@ -139,13 +145,16 @@ func TestRestartDriftAndBadInput(t *testing.T) {
 		w.check(t, "after restart")
 
 		// Someone removes our rules: repaired within the resync period.
+		repairs := policyRepairs(t, w)
 		breakRules(t, w)
-		waitFor(t, 10*time.Second, "rules repaired after deletion", func() bool { return !tcpProbe(w, "y/a", "x/a", 80) })
+		waitRepaired(t, w, repairs)
 		w.check(t, "after rules deletion")
 
 		// Someone empties the rules that allow x/a -> x/b: repaired too.
+		repairs = policyRepairs(t, w)
 		breakAllowChain(t, w)
-		waitFor(t, 10*time.Second, "chain repaired after flush", func() bool { return tcpProbe(w, "x/a", "x/b", 80) })
+		waitRepaired(t, w, repairs)
+		w.check(t, "after the chain was flushed")
 		if !strings.Contains(w.sim.Log(), "repairing kernel state") {
 			t.Fatal("agent did not log the repair")
 		}
@@ -160,9 +169,13 @@ func TestRestartDriftAndBadInput(t *testing.T) {
 		if err := w.sim.WriteFile("cluster.yaml", []byte(bad)); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, "error reported", func() bool {
-			return strings.Contains(w.sim.Log(), "cluster.yaml") && strings.Contains(w.sim.Log(), "bogusField")
-		})
+		// The status says when the broken content was read (and its last good content kept).
+		if err := w.sim.WaitApplied(15 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if log := w.sim.Log(); !strings.Contains(log, "cluster.yaml") || !strings.Contains(log, "bogusField") {
+			t.Fatalf("the broken file was read but its error not reported:\n%s", tail(log, 20))
+		}
 		w.check(t, "after a broken file")
 
 		// An invalid object (port out of range) is rejected the same way.
@@ -171,7 +184,12 @@ func TestRestartDriftAndBadInput(t *testing.T) {
 		if err := w.sim.WriteFile("cluster.yaml", []byte(data)); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, "validation error reported", func() bool { return strings.Contains(w.sim.Log(), "70000") })
+		if err := w.sim.WaitApplied(15 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(w.sim.Log(), "70000") {
+			t.Fatalf("the invalid policy was read but not reported:\n%s", tail(w.sim.Log(), 20))
+		}
 		w.policies["x/allow-b"] = withIngress(netpol("x", "allow-b", sel("pod", "b")), from(peers(podPeer(selp("pod", "a")))))
 		w.check(t, "after an invalid policy")
 	})
@@ -235,6 +253,27 @@ func marshalWorld(w *world) (string, error) {
 func marshalObjects(w *world) ([]byte, error) {
 	objs := w.objects()
 	return simnodeMarshal(objs)
+}
+
+// policyRepairs reads how many times the agent has restored NetworkPolicy rules that someone
+// else changed.
+func policyRepairs(t *testing.T, w *world) uint64 {
+	t.Helper()
+	st, err := w.sim.Status()
+	if err != nil || st.NetworkPolicy == nil {
+		t.Fatalf("agent status: %+v, %v", st, err)
+	}
+	return st.NetworkPolicy.Repairs
+}
+
+// waitRepaired waits until the agent reports one more restore of its rules than before.
+func waitRepaired(t *testing.T, w *world, before uint64) {
+	t.Helper()
+	if err := w.sim.WaitStatus(15*time.Second, "a repair", func(st agent.Status) bool {
+		return st.NetworkPolicy != nil && st.NetworkPolicy.Repairs > before
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {

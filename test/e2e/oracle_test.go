@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/simnode"
@@ -169,18 +172,15 @@ func (w *world) objects() []runtime.Object {
 	return objs
 }
 
-// apply writes the world to the manifests directory and waits for every agent to process it.
+// apply writes the world to the manifests directory and waits for every agent to have applied
+// it, as each one's status reports.
 func (w *world) apply(t *testing.T) {
 	t.Helper()
-	before := make([]int, len(w.agents))
-	for i, a := range w.agents {
-		before[i] = a.syncs()
-	}
 	if err := w.sim.Apply(w.objects()...); err != nil {
 		t.Fatal(err)
 	}
-	for i, a := range w.agents {
-		waitFor(t, 15*time.Second, "agent on "+a.nodeName+" synced", func() bool { return a.syncs() > before[i] })
+	for _, a := range w.agents {
+		a.waitApplied(t, w.sim.Written())
 	}
 	if err := w.sim.FlushConntrack(); err != nil {
 		t.Fatal(err)
@@ -196,6 +196,7 @@ func (w *world) apply(t *testing.T) {
 type nodeAgent struct {
 	nodeName string
 	node     *testbed.Node
+	sock     string // the unix socket of its health server, for its status
 	cmd      *exec.Cmd
 	mu       sync.Mutex
 	log      bytes.Buffer
@@ -207,11 +208,17 @@ func (a *nodeAgent) Write(p []byte) (int, error) {
 	return a.log.Write(p)
 }
 
-func (a *nodeAgent) syncs() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	l := a.log.String()
-	return strings.Count(l, "msg=synced") + strings.Count(l, `msg="no change"`)
+// waitApplied waits until the agent's status says it has applied the given file contents.
+func (a *nodeAgent) waitApplied(t *testing.T, files map[string]string) {
+	t.Helper()
+	names := slices.Collect(maps.Keys(files))
+	var last agent.Status
+	waitFor(t, 15*time.Second, "agent on "+a.nodeName+" applied the manifests", func() bool {
+		st, err := simnode.ReadStatus(a.sock, names, nil)
+		last = st
+		return err == nil && simnode.Covers(st, files)
+	})
+	_ = last
 }
 
 // startAgentOn runs an agent for node name in that node's netns.

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/simnode"
 	"github.com/netwarden/netwarden/internal/testbed"
 )
@@ -47,11 +48,14 @@ func TestBackendSwitchRetiresOldRules(t *testing.T) {
 	run := func(backend, mode string) {
 		t.Helper()
 		t.Setenv("NETWARDEN_IPTABLES_MODE", mode)
-		before := strings.Count(sim.Log(), "msg=ready")
 		if err := sim.StartAgent("--backend", backend); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 20*time.Second, backend+" "+mode+" ready", func() bool { return strings.Count(sim.Log(), "msg=ready") > before })
+		if err := sim.WaitStatus(20*time.Second, backend+" "+mode+" ready", func(st agent.Status) bool {
+			return st.Ready && sim.Applied(st)
+		}); err != nil {
+			t.Fatal(err)
+		}
 		if sim.Bed.Probe(context.Background(), testbed.Probe{Src: tb, Dst: ta.IP(4), Port: 80, Protocol: testbed.TCP}) {
 			t.Errorf("%s %s: b reached a, which deny-a isolates", backend, mode)
 		}

@@ -5,11 +5,12 @@ package masquerade_test
 
 import (
 	"context"
-
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/simnode"
 	"github.com/netwarden/netwarden/internal/testbed"
 )
@@ -50,15 +52,17 @@ var backends = []backend{
 // scene is one simulated cluster: the local node with a pod, the Internet, and node-2 with a
 // pod, all described to the agent by manifests.
 type scene struct {
-	t        *testing.T
-	sim      *simnode.Sim
-	inet     *testbed.Internet
-	pod      *testbed.Pod
-	remote   *testbed.Pod
-	cfgPath  string
-	localPod *corev1.Pod
-	nodes    map[string]*corev1.Node
-	remoteCR []string
+	t       *testing.T
+	sim     *simnode.Sim
+	inet    *testbed.Internet
+	pod     *testbed.Pod
+	remote  *testbed.Pod
+	cfgPath string
+	// cfgWritten is the content hash of what writeConfig wrote last.
+	cfgWritten string
+	localPod   *corev1.Pod
+	nodes      map[string]*corev1.Node
+	remoteCR   []string
 }
 
 func newScene(t *testing.T) *scene {
@@ -145,6 +149,38 @@ func (s *scene) writeConfig(content string) {
 	if err := os.Rename(tmp, s.cfgPath); err != nil {
 		s.t.Fatal(err)
 	}
+	s.cfgWritten = simnode.ContentHash([]byte(content))
+}
+
+// settledOn reports whether an agent's status says it has applied the given manifests and
+// masquerade config content, or read that config and refused it (reporting why).
+func settledOn(st agent.Status, files map[string]string, cfg string) bool {
+	m := st.Masquerade
+	if m == nil || !simnode.Covers(st, files) || m.ConfigRead != cfg {
+		return false
+	}
+	return m.Config == cfg || m.ConfigError != ""
+}
+
+// settle waits until the agent reports that it has applied the manifests and the config last
+// written (or refused an invalid config): after that, results hold at once.
+func (s *scene) settle() {
+	s.t.Helper()
+	if err := s.sim.WaitStatus(15*time.Second, "the manifests and masquerade config written", func(st agent.Status) bool {
+		return st.Ready && settledOn(st, s.sim.Written(), s.cfgWritten)
+	}); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// masqRepairs reads how many times the agent restored masquerade rules someone else changed.
+func (s *scene) masqRepairs() uint64 {
+	s.t.Helper()
+	st, err := s.sim.Status()
+	if err != nil || st.Masquerade == nil {
+		s.t.Fatalf("agent status: %+v, %v", st, err)
+	}
+	return st.Masquerade.Repairs
 }
 
 // seen returns the source address a whoami server at dst sees for a new connection from the
@@ -153,20 +189,12 @@ func (s *scene) seen(dst netip.Addr) (netip.Addr, error) {
 	return s.pod.SourceSeenBy(context.Background(), netip.AddrPortFrom(dst, s.inet.Port))
 }
 
-// expect waits until a new connection to dst is seen from want (rules take effect for new
-// connections once the agent has applied them).
+// expect waits for the agent to have applied what was written last, then checks the source
+// a new connection to dst is seen from.
 func (s *scene) expect(step string, dst, want netip.Addr) {
 	s.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	var got netip.Addr
-	var err error
-	for time.Now().Before(deadline) {
-		if got, err = s.seen(dst); err == nil && got == want {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	s.t.Fatalf("%s: connection to %s seen from %v (err %v), want %s", step, dst, got, err, want)
+	s.settle()
+	s.expectNow(step, dst, want)
 }
 
 // expectNow checks a result that must already hold, and still hold: no waiting for a change.
@@ -190,21 +218,15 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-func waitLog(t *testing.T, sim *simnode.Sim, what string, timeout time.Duration, want ...string) {
+// requireLogged checks that the agent's log holds every one of want.
+func requireLogged(t *testing.T, sim *simnode.Sim, what string, want ...string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		log := sim.Log()
-		ok := true
-		for _, w := range want {
-			ok = ok && strings.Contains(log, w)
+	log := sim.Log()
+	for _, w := range want {
+		if !strings.Contains(log, w) {
+			t.Fatalf("agent never logged %s (%q):\n%s", what, w, lastLines(log, 20))
 		}
-		if ok {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("agent never logged %s (%q)", what, want)
 }
 
 // TestMasquerade runs every masquerade behaviour on each backend, with packets.
@@ -225,7 +247,7 @@ func testMasquerade(t *testing.T, be backend) {
 	if err := sim.StartAgent("--backend", be.flag, "--network-policy=false", "--masq-config", s.cfgPath); err != nil {
 		t.Fatal(err)
 	}
-	waitLog(t, sim, "ready", 20*time.Second, "msg=ready")
+	s.settle()
 	pid := sim.AgentPID()
 
 	// Out of the cluster: the node's address. To a listed CIDR and to a pod on another node
@@ -246,8 +268,8 @@ func testMasquerade(t *testing.T, be backend) {
 
 	// An invalid config keeps the previous behaviour, and the error names field and value.
 	s.writeConfig("nonMasqueradeCIDRs: [198.51.100.1/24]\nmasqLinkLocal: false\n")
-	waitLog(t, sim, "the invalid config error", 10*time.Second, "invalid masquerade config", "nonMasqueradeCIDRs[0]", `198.51.100.1/24`, "not network-aligned")
-	time.Sleep(200 * time.Millisecond)
+	s.settle()
+	requireLogged(t, sim, "the invalid config error", "invalid masquerade config", "nonMasqueradeCIDRs[0]", `198.51.100.1/24`, "not network-aligned")
 	s.expectNow("after an invalid config, link-local", linkLocal, nodeV4)
 	s.expectNow("after an invalid config, the removed CIDR", nonMasqV4, nodeV4)
 	s.writeConfig(baseConfig)
@@ -276,10 +298,16 @@ func testMasquerade(t *testing.T, be backend) {
 	s.expect("local podCIDRs restored", internetV4, nodeV4)
 
 	// Someone removes our rules: the next resync (1 s) restores them.
+	repairs := s.masqRepairs()
 	breakRules(t, sim, be)
-	s.expect("rules removed by someone else, then repaired", internetV4, nodeV4)
-	s.expect("repaired, IPv6", internetV6, nodeV6)
-	waitLog(t, sim, "the repair", 5*time.Second, "restoring masquerade rules")
+	if err := sim.WaitStatus(15*time.Second, "the repair", func(st agent.Status) bool {
+		return st.Masquerade != nil && st.Masquerade.Repairs > repairs
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.expectNow("rules removed by someone else, then repaired", internetV4, nodeV4)
+	s.expectNow("repaired, IPv6", internetV6, nodeV6)
+	requireLogged(t, sim, "the repair", "restoring masquerade rules")
 	if got := sim.AgentPID(); got != pid {
 		t.Fatalf("the agent restarted (pid %d, then %d)", pid, got)
 	}
@@ -402,10 +430,11 @@ func TestMasqueradeAcrossNodes(t *testing.T) {
 	s := newScene(t)
 	sim := s.sim
 	node2 := sim.Bed.Node("node-2")
-	startOn := func(n *testbed.Node) {
+	node2Sock := filepath.Join(t.TempDir(), "agent.sock")
+	startOn := func(n *testbed.Node, sock string) {
 		t.Helper()
 		cmd := exec.Command("ip", "netns", "exec", n.NetNSName, os.Getenv("NETWARDEN_BIN"), "agent", "--manifests", sim.Dir,
-			"--node-name", n.Name, "--health-addr", "", "--network-policy=false", "--masq-config", s.cfgPath)
+			"--node-name", n.Name, "--health-addr", "unix:"+sock, "--network-policy=false", "--masq-config", s.cfgPath)
 		var log strings.Builder
 		cmd.Stdout, cmd.Stderr = &log, &log
 		if err := cmd.Start(); err != nil {
@@ -419,11 +448,30 @@ func TestMasqueradeAcrossNodes(t *testing.T) {
 			}
 		})
 	}
-	startOn(node2)
+	startOn(node2, node2Sock)
 	if err := sim.StartAgent("--network-policy=false", "--masq-config", s.cfgPath); err != nil {
 		t.Fatal(err)
 	}
-	waitLog(t, sim, "ready", 20*time.Second, "msg=ready")
+	s.settle()
+	// settleNode2 waits for node-2's agent as settle does for node-1's.
+	settleNode2 := func() {
+		t.Helper()
+		files := sim.Written()
+		var last agent.Status
+		var lastErr error
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			last, lastErr = simnode.ReadStatus(node2Sock, slices.Collect(maps.Keys(files)), nil)
+			if lastErr == nil && last.Ready && settledOn(last, files, s.cfgWritten) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node-2's agent did not apply the state written: %+v, %v", last, lastErr)
+			}
+			time.Sleep(5 * time.Millisecond) // poll interval
+		}
+	}
+	settleNode2()
 
 	// node-2's pod connects back to a whoami server in the node-1 pod.
 	back, err := s.pod.StartWhoAmI(s.inet.Port)
@@ -433,16 +481,10 @@ func TestMasqueradeAcrossNodes(t *testing.T) {
 	defer back.Close()
 	fromRemote := func(step string, dst, want netip.Addr) {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		var got netip.Addr
-		var err error
-		for time.Now().Before(deadline) {
-			if got, err = s.remote.SourceSeenBy(context.Background(), netip.AddrPortFrom(dst, s.inet.Port)); err == nil && got == want {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
+		settleNode2()
+		if got, err := s.remote.SourceSeenBy(context.Background(), netip.AddrPortFrom(dst, s.inet.Port)); err != nil || got != want {
+			t.Fatalf("%s: connection to %s seen from %v (err %v), want %s", step, dst, got, err, want)
 		}
-		t.Fatalf("%s: connection to %s seen from %v (err %v), want %s", step, dst, got, err, want)
 	}
 	s.expect("node-1 pod to node-2 pod", s.remote.IP(4), s.podIP(4))
 	s.expectNow("node-1 pod to node-2 pod, IPv6", s.remote.IP(6), s.podIP(6))

@@ -54,6 +54,9 @@ type namedInformer struct {
 type kindHandler struct {
 	upsert func(obj any) bool
 	remove func(obj any) bool
+	// seen records the resourceVersion of an event's object, changed or not, so that the
+	// applied Revision covers every write a client made (see cluster.Revision).
+	seen func(obj any)
 }
 
 // handler validates each object of one kind as it arrives: a valid one replaces the key's
@@ -61,7 +64,7 @@ type kindHandler struct {
 func handler[T any, PT interface {
 	*T
 	metav1.Object
-}](s *Source, kind string, validate func(PT) field.ErrorList, set func(key string, obj PT)) kindHandler {
+}](s *Source, kind, resource string, validate func(PT) field.ErrorList, set func(key string, obj PT)) kindHandler {
 	key := func(obj PT) string {
 		if obj.GetNamespace() != "" {
 			return cluster.Key(obj.GetNamespace(), obj.GetName())
@@ -94,6 +97,13 @@ func handler[T any, PT interface {
 			}
 			return true
 		},
+		seen: func(o any) {
+			// A delete's object carries the resourceVersion of the delete itself; a
+			// tombstone carries none, and the next event of the resource moves it on.
+			if obj, ok := o.(PT); ok {
+				s.objects.SeenResourceVersion(resource, cluster.ParseResourceVersion(obj.GetResourceVersion()))
+			}
+		},
 	}
 }
 
@@ -108,13 +118,13 @@ func New(client kubernetes.Interface, logger *slog.Logger) *Source {
 	s := &Source{logger: logger, factory: factory, objects: cluster.NewTracker()}
 	s.informers = []namedInformer{
 		{"namespaces", factory.Core().V1().Namespaces().Informer(),
-			handler(s, "Namespace", cluster.ValidateNamespace, s.objects.SetNamespace)},
+			handler(s, "Namespace", "namespaces", cluster.ValidateNamespace, s.objects.SetNamespace)},
 		{"pods", factory.Core().V1().Pods().Informer(),
-			handler(s, "Pod", cluster.ValidatePod, s.objects.SetPod)},
+			handler(s, "Pod", "pods", cluster.ValidatePod, s.objects.SetPod)},
 		{"networkpolicies", factory.Networking().V1().NetworkPolicies().Informer(),
-			handler(s, "NetworkPolicy", cluster.ValidateNetworkPolicy, s.objects.SetPolicy)},
+			handler(s, "NetworkPolicy", "networkpolicies", cluster.ValidateNetworkPolicy, s.objects.SetPolicy)},
 		{"nodes", factory.Core().V1().Nodes().Informer(),
-			handler(s, "Node", cluster.ValidateNode, s.objects.SetNode)},
+			handler(s, "Node", "nodes", cluster.ValidateNode, s.objects.SetNode)},
 	}
 	for _, ni := range s.informers {
 		resource := ni.resource
@@ -145,22 +155,27 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 	for _, ni := range s.informers {
 		ev := ni.events
 		reg, err := ni.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			// Every event notifies, even one that changes nothing the agent keeps: its
+			// resourceVersion is part of the next snapshot's Revision, which the agent reports
+			// as applied once synced. Such a sync compiles no change and writes nothing.
 			AddFunc: func(obj any) {
-				if ev.upsert(obj) {
-					notify()
-				}
+				ev.upsert(obj)
+				ev.seen(obj)
+				notify()
 			},
 			UpdateFunc: func(oldObj, newObj any) {
 				// An update of nothing we keep leaves the old object in place, so the
 				// compiler sees no change at all.
-				if !unchanged(oldObj, newObj) && ev.upsert(newObj) {
-					notify()
+				if !unchanged(oldObj, newObj) {
+					ev.upsert(newObj)
 				}
+				ev.seen(newObj)
+				notify()
 			},
 			DeleteFunc: func(obj any) {
-				if ev.remove(obj) {
-					notify()
-				}
+				ev.remove(obj)
+				ev.seen(obj)
+				notify()
 			},
 		})
 		if err != nil {
@@ -237,4 +252,4 @@ func (s *Source) HasSynced() bool {
 func (s *Source) Snapshot() *cluster.State { return s.objects.Snapshot() }
 
 // Nodes implements cluster.NodeLister.
-func (s *Source) Nodes() map[string]*corev1.Node { return s.objects.Nodes() }
+func (s *Source) Nodes() (map[string]*corev1.Node, cluster.Revision) { return s.objects.Nodes() }

@@ -133,8 +133,8 @@ func TestSnapshot(t *testing.T) {
 			ni.events.remove(cache.DeletedFinalStateUnknown{Key: "node-1", Obj: node})
 		}
 	}
-	if st4 := s.Snapshot(); len(st4.Nodes) != 0 || len(s.Nodes()) != 0 {
-		t.Errorf("tombstone did not remove the node: %v", st4.Nodes)
+	if nodes, _ := s.Nodes(); len(s.Snapshot().Nodes) != 0 || len(nodes) != 0 {
+		t.Errorf("tombstone did not remove the node: %v", s.Snapshot().Nodes)
 	}
 }
 

@@ -14,6 +14,7 @@ package manifests
 import (
 	"cmp"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -71,6 +72,8 @@ type loadResult struct {
 	sum   [sha256.Size]byte // content hash of the state's objects
 	errs  []error
 	files int // files in effect
+	// read maps every manifest file read to the hex SHA-256 of its bytes, good or not.
+	read map[string]string
 }
 
 // manifestFile reports whether name is a file to read, and whether it is JSON.
@@ -99,6 +102,7 @@ func (l *loader) load() (*loadResult, error) {
 	var present []string       // manifest files that exist, sorted (ReadDir sorts by name)
 	fresh := map[string]bool{} // files whose current content is good
 	content := map[string]*fileContent{}
+	read := map[string]string{}
 	for _, e := range entries {
 		ok, isJSON := manifestFile(e.Name())
 		if !ok {
@@ -130,10 +134,12 @@ func (l *loader) load() (*loadResult, error) {
 		}
 		present = append(present, name)
 		fc := l.parsed[name]
-		if fc == nil || fc.sum != sha256.Sum256(data) {
+		if sum := sha256.Sum256(data); fc == nil || fc.sum != sum {
 			fc = parseFile(path, name, data, isJSON, l.logger)
+			fc.hex = hex.EncodeToString(sum[:])
 		}
 		parsed[name] = fc
+		read[name] = fc.hex
 		if len(fc.errs) > 0 {
 			errs = append(errs, fc.errs...)
 			continue
@@ -182,7 +188,8 @@ func (l *loader) load() (*loadResult, error) {
 	l.good, l.owner = good, owner
 
 	slices.SortStableFunc(errs, compareErrors)
-	return &loadResult{state: st, sum: stateSum(objs), errs: errs, files: len(good)}, nil
+	st.Revision = cluster.Revision{Files: read}
+	return &loadResult{state: st, sum: stateSum(objs), errs: errs, files: len(good), read: read}, nil
 }
 
 // resolveDuplicates finds objects defined in more than one file. The file that defined the object

@@ -111,6 +111,7 @@ type object struct {
 type fileContent struct {
 	name    string // file name inside the directory
 	sum     [sha256.Size]byte
+	hex     string // sum, spelled as a Revision spells it
 	objects []*object
 	errs    []error
 }

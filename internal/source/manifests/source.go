@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -69,7 +70,10 @@ func (s *Source) HasSynced() bool { return s.synced.Load() }
 func (s *Source) Snapshot() *cluster.State { return s.state.Load() }
 
 // Nodes implements cluster.NodeLister.
-func (s *Source) Nodes() map[string]*corev1.Node { return s.state.Load().Nodes }
+func (s *Source) Nodes() (map[string]*corev1.Node, cluster.Revision) {
+	st := s.state.Load()
+	return st.Nodes, st.Revision
+}
 
 // Errors returns the problems found by the most recent (re)load.
 func (s *Source) Errors() []error {
@@ -186,13 +190,23 @@ func (s *Source) reload(notify func()) error {
 		}
 		s.errMsg = msgs
 	}
-	changed := dirErr == nil && (!s.synced.Load() || res.sum != s.sum)
+	// New content that leaves the objects as they were (a file rewritten with equal objects,
+	// or with a problem, so that its last good content stays) is still published: the
+	// snapshot's Revision says it was read, and whoever wrote it waits for that.
+	prev := s.state.Load()
+	objectsChanged := dirErr == nil && (!s.synced.Load() || res.sum != s.sum)
+	changed := objectsChanged || dirErr == nil && !maps.Equal(res.read, prev.Revision.Files)
 	if changed {
+		st := res.state
+		if !objectsChanged {
+			// The same objects under a new Revision: keep the published ones, so that the
+			// snapshot lists no change and consumers do no work.
+			st = &cluster.State{Namespaces: prev.Namespaces, Pods: prev.Pods, Policies: prev.Policies, Nodes: prev.Nodes, Revision: res.state.Revision}
+		}
 		s.sum = res.sum
 		// Unchanged files keep their objects, so a pointer comparison finds what changed.
-		cluster.NumberAfter(res.state, s.state.Load())
-		s.state.Store(res.state)
-		st := res.state
+		cluster.NumberAfter(st, prev)
+		s.state.Store(st)
 		s.logger.Info("manifests loaded", "dir", s.dir, "files", res.files, "problems", len(errs),
 			"namespaces", len(st.Namespaces), "pods", len(st.Pods), "policies", len(st.Policies), "nodes", len(st.Nodes))
 	}

@@ -2,6 +2,10 @@ package manifests
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,7 +24,10 @@ type step struct {
 	remove   []string
 	want     []string // object keys after the reload
 	wantErrs []string // error substrings, in order; DIR is the directory
-	notify   bool     // whether the reload must notify
+	notify   bool     // whether the reload must notify: new content was read
+	// sameObjects: the new content leaves every object as it was (the file was rewritten
+	// equivalently, or its problems keep its last good content): only the Revision moves.
+	sameObjects bool
 }
 
 func runSteps(t *testing.T, steps []step) {
@@ -50,10 +57,41 @@ func runSteps(t *testing.T, steps []step) {
 		if st.notify == (s.Snapshot() == before) {
 			t.Errorf("step %d (%s): a new state must be published exactly when notifying", i, st.name)
 		}
+		if st.sameObjects {
+			ch := s.Snapshot().Changes
+			if ch == nil || len(ch.Namespaces)+len(ch.Pods)+len(ch.Policies)+len(ch.Nodes) != 0 {
+				t.Errorf("step %d (%s): objects changed: %+v", i, st.name, ch)
+			}
+		}
+		checkRevision(t, dir, s.Snapshot().Revision, fmt.Sprintf("step %d (%s)", i, st.name))
 		if got := keys(before); !slices.Equal(got, beforeKeys) {
 			t.Errorf("step %d (%s): previous snapshot was modified: %q -> %q", i, st.name, beforeKeys, got)
 		}
 		notified = 0
+	}
+}
+
+// checkRevision checks that rev names the content of every manifest file in dir as read.
+func checkRevision(t *testing.T, dir string, rev cluster.Revision, where string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, e := range entries {
+		if ok, _ := manifestFile(e.Name()); !ok {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(data)
+		want[e.Name()] = hex.EncodeToString(sum[:])
+	}
+	if !maps.Equal(rev.Files, want) {
+		t.Errorf("%s: Revision.Files %v, want %v", where, rev.Files, want)
 	}
 }
 
@@ -71,10 +109,11 @@ func TestReloadLastGood(t *testing.T) {
 			want: []string{"Namespace foo", "NetworkPolicy foo/p1", "NetworkPolicy foo/p2"},
 		},
 		{
-			name:   "rewriting a file with equivalent content does not notify",
-			write:  map[string]string{"b.yaml": "# same namespace, other formatting\n" + `{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "foo", "labels": {"team": "a"}}}`},
-			want:   []string{"Namespace foo", "NetworkPolicy foo/p1", "NetworkPolicy foo/p2"},
-			notify: false,
+			name:        "rewriting a file with equivalent content publishes its Revision, changing no object",
+			write:       map[string]string{"b.yaml": "# same namespace, other formatting\n" + `{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "foo", "labels": {"team": "a"}}}`},
+			want:        []string{"Namespace foo", "NetworkPolicy foo/p1", "NetworkPolicy foo/p2"},
+			notify:      true,
+			sameObjects: true,
 		},
 		{
 			name:     "breaking a file keeps its previous objects while other files change",
@@ -89,10 +128,12 @@ func TestReloadLastGood(t *testing.T) {
 			wantErrs: []string{"DIR/a.yaml: document 2 (NetworkPolicy default/allow-web): spec.ingress[0].ports[0].port: Invalid value: 70000"},
 		},
 		{
-			name:     "a different break in the same file still keeps the last good content",
-			write:    map[string]string{"a.yaml": "kind: [\n"},
-			want:     []string{"Namespace foo", "NetworkPolicy foo/p1", "NetworkPolicy foo/p2", "Node node-1"},
-			wantErrs: []string{"DIR/a.yaml: document 1: invalid YAML"},
+			name:        "a different break in the same file still keeps the last good content",
+			write:       map[string]string{"a.yaml": "kind: [\n"},
+			want:        []string{"Namespace foo", "NetworkPolicy foo/p1", "NetworkPolicy foo/p2", "Node node-1"},
+			wantErrs:    []string{"DIR/a.yaml: document 1: invalid YAML"},
+			notify:      true,
+			sameObjects: true,
 		},
 		{
 			name:   "fixing the file applies its new content",
@@ -107,10 +148,12 @@ func TestReloadLastGood(t *testing.T) {
 			notify: true,
 		},
 		{
-			name:     "breaking then deleting a file removes its objects",
-			write:    map[string]string{"b.yaml": "apiVersion: v1\nkind: Namespace\n"},
-			want:     []string{"Namespace foo", "NetworkPolicy default/allow-web", "NetworkPolicy foo/p9"},
-			wantErrs: []string{"DIR/b.yaml: document 1 (Namespace): metadata.name: Required value"},
+			name:        "breaking then deleting a file removes its objects",
+			write:       map[string]string{"b.yaml": "apiVersion: v1\nkind: Namespace\n"},
+			want:        []string{"Namespace foo", "NetworkPolicy default/allow-web", "NetworkPolicy foo/p9"},
+			wantErrs:    []string{"DIR/b.yaml: document 1 (Namespace): metadata.name: Required value"},
+			notify:      true,
+			sameObjects: true,
 		},
 		{
 			name:   "deleted",
@@ -119,10 +162,12 @@ func TestReloadLastGood(t *testing.T) {
 			notify: true,
 		},
 		{
-			name:     "a new broken file contributes nothing",
-			write:    map[string]string{"d.yaml": policy("foo", "new") + "---\nkind: Pod\n"},
-			want:     []string{"NetworkPolicy default/allow-web", "NetworkPolicy foo/p9"},
-			wantErrs: []string{"DIR/d.yaml: document 2 (Pod): apiVersion: Required value"},
+			name:        "a new broken file contributes nothing",
+			write:       map[string]string{"d.yaml": policy("foo", "new") + "---\nkind: Pod\n"},
+			want:        []string{"NetworkPolicy default/allow-web", "NetworkPolicy foo/p9"},
+			wantErrs:    []string{"DIR/d.yaml: document 2 (Pod): apiVersion: Required value"},
+			notify:      true,
+			sameObjects: true,
 		},
 	})
 }
@@ -142,12 +187,16 @@ func TestReloadDuplicates(t *testing.T) {
 			wantErrs: []string{
 				"DIR/b.yaml: document 3 (NetworkPolicy foo/x): duplicate NetworkPolicy foo/x: also defined in DIR/a.yaml (document 1); keeping this file's previous content",
 			},
+			notify:      true,
+			sameObjects: true,
 		},
 		{
-			name:     "the previous owner wins even if lexically later",
-			write:    map[string]string{"0.yaml": policy("foo", "z") + "---\n" + policy("foo", "w")},
-			want:     []string{"NetworkPolicy foo/x", "NetworkPolicy foo/z"},
-			wantErrs: []string{"DIR/0.yaml: document 1 (NetworkPolicy foo/z): duplicate NetworkPolicy foo/z: also defined in DIR/b.yaml (document 1); this file is not applied", "DIR/b.yaml: document 3"},
+			name:        "the previous owner wins even if lexically later",
+			write:       map[string]string{"0.yaml": policy("foo", "z") + "---\n" + policy("foo", "w")},
+			want:        []string{"NetworkPolicy foo/x", "NetworkPolicy foo/z"},
+			wantErrs:    []string{"DIR/0.yaml: document 1 (NetworkPolicy foo/z): duplicate NetworkPolicy foo/z: also defined in DIR/b.yaml (document 1); this file is not applied", "DIR/b.yaml: document 3"},
+			notify:      true,
+			sameObjects: true,
 		},
 		{
 			name:     "removing the duplicate from a applies b",
@@ -157,10 +206,11 @@ func TestReloadDuplicates(t *testing.T) {
 			wantErrs: nil,
 		},
 		{
-			name:   "moving an object between files in one change is fine",
-			write:  map[string]string{"0.yaml": policy("foo", "w") + "---\n" + policy("foo", "x"), "b.yaml": policy("foo", "z") + "---\n" + policy("foo", "yy")},
-			want:   []string{"NetworkPolicy foo/w", "NetworkPolicy foo/x", "NetworkPolicy foo/yy", "NetworkPolicy foo/z"},
-			notify: false, // same objects, different files
+			name:        "moving an object between files in one change is fine",
+			write:       map[string]string{"0.yaml": policy("foo", "w") + "---\n" + policy("foo", "x"), "b.yaml": policy("foo", "z") + "---\n" + policy("foo", "yy")},
+			want:        []string{"NetworkPolicy foo/w", "NetworkPolicy foo/x", "NetworkPolicy foo/yy", "NetworkPolicy foo/z"},
+			notify:      true, // same objects, different files: only the Revision moves
+			sameObjects: true,
 		},
 	})
 }
