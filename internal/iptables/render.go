@@ -36,6 +36,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // Chain and set names. Every chain we own starts with ChainPrefix and every set with
@@ -298,7 +299,9 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		if !ok {
 			elems := map[string]bool{}
 			for _, p := range cs.Prefixes {
-				elems[prefixMember(p)] = true
+				for _, m := range xtables.HashNetPrefixes(p) {
+					elems[prefixMember(m)] = true
+				}
 			}
 			s = &ipset{typ: "hash:net", v6: cs.IPv6, count: len(elems), members: elems, src: cs}
 		}
