@@ -630,7 +630,9 @@ func splitPrefix(p netip.Prefix) (netip.Prefix, netip.Prefix) {
 }
 
 // PolicyChainName names the chain holding one policy's rules for one direction. It stays
-// readable in `nft list` output; very long names are cut and made unique with a hash.
+// readable in `nft list` output; very long names are cut and made unique with a hash. The
+// separator "_" never occurs in a Kubernetes name, and nft's parser takes it in a chain name
+// (it refuses "~"); the kernel takes names of up to 255 bytes.
 func PolicyChainName(dir Direction, namespace, name string) string {
 	prefix := "in/"
 	if dir == Egress {
@@ -638,7 +640,7 @@ func PolicyChainName(dir Direction, namespace, name string) string {
 	}
 	n := prefix + namespace + "/" + name
 	if len(n) > 200 {
-		n = n[:180] + "~" + shortHash(n)
+		n = n[:180] + "_" + shortHash(n)
 	}
 	return n
 }
