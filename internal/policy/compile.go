@@ -593,29 +593,32 @@ func (cc *Compiler) cidrSet(b *networkingv1.IPBlock) (string, *CIDRSet) {
 	return name, s
 }
 
-// SubtractPrefixes returns disjoint prefixes covering cidr minus every except prefix.
+// SubtractPrefixes returns disjoint prefixes covering cidr minus every except prefix, in
+// address order. Each half of a split is walked with only the excepts inside it, so the work
+// is the number of excepts times the prefix length, not its square: an ipBlock may hold
+// thousands of excepts.
 func SubtractPrefixes(cidr netip.Prefix, except []netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
-	var walk func(p netip.Prefix)
-	walk = func(p netip.Prefix) {
-		overlaps := false
+	var walk func(p netip.Prefix, except []netip.Prefix)
+	walk = func(p netip.Prefix, except []netip.Prefix) {
+		var inside []netip.Prefix
 		for _, e := range except {
 			if e.Bits() <= p.Bits() && e.Contains(p.Addr()) {
 				return // fully excluded
 			}
 			if p.Contains(e.Addr()) {
-				overlaps = true
+				inside = append(inside, e)
 			}
 		}
-		if !overlaps {
+		if len(inside) == 0 {
 			out = append(out, p)
 			return
 		}
 		lo, hi := splitPrefix(p)
-		walk(lo)
-		walk(hi)
+		walk(lo, inside)
+		walk(hi, inside)
 	}
-	walk(cidr)
+	walk(cidr, except)
 	return out
 }
 
