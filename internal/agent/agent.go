@@ -54,6 +54,7 @@ type Agent struct {
 	masq        *masqLoop
 	// lastEvent is when the oldest unprocessed change was seen, for programming latency.
 	lastEvent atomic.Int64
+	skipped   skipReport
 }
 
 // New returns an Agent; call Run or Once.
@@ -148,6 +149,7 @@ func (a *Agent) Once(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
 	a.log.Info("synced", "backend", a.cfg.Policy.Name(), "full", res.Full, "operations", res.Operations,
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting)
 	if err := a.cfg.Policy.Verify(ctx); err != nil {
@@ -303,6 +305,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 		return err
 	}
 	a.metrics.observeSync(a.cfg.Policy.Name(), res, stats, time.Since(start).Seconds())
+	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
 	if seen != 0 {
 		a.metrics.programLatency.Observe(time.Since(time.Unix(0, seen)).Seconds())
 	}

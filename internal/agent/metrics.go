@@ -22,6 +22,7 @@ type metrics struct {
 	localPods       prometheus.Gauge
 	selectedPods    prometheus.Gauge
 	policiesApplied prometheus.Gauge
+	policiesSkipped prometheus.Gauge
 }
 
 // Buckets from 1 ms to about 16 s: incremental syncs take milliseconds, a full sync of a large
@@ -71,9 +72,13 @@ func newMetrics() *metrics {
 			Name: "netwarden_policies_selecting_local_pods",
 			Help: "NetworkPolicies that select at least one local pod.",
 		}),
+		policiesSkipped: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "netwarden_policies_skipped",
+			Help: "NetworkPolicies the backend cannot express, applied fail-closed: their pods stay isolated, their rules admit nothing. The log names each.",
+		}),
 	}
 	m.registry.MustRegister(m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
-		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied,
+		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied, m.policiesSkipped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -91,4 +96,5 @@ func (m *metrics) observeSync(backend string, res dataplane.SyncResult, stats po
 	m.localPods.Set(float64(stats.LocalPods))
 	m.selectedPods.Set(float64(stats.IsolatedPods))
 	m.policiesApplied.Set(float64(stats.PoliciesSelecting))
+	m.policiesSkipped.Set(float64(len(res.Skipped)))
 }
