@@ -135,16 +135,22 @@ func (s *ipset) createLine(name string) string {
 	for hashsize < 65536 && hashsize*4 < s.count {
 		hashsize *= 2
 	}
-	return fmt.Sprintf("create %s %s family %s hashsize %d maxelem %d", name, s.typ, fam, hashsize, maxSetElements)
+	// An ipBlock's set never changes (its name stands for its content), so it is made as
+	// large as it needs: some ten thousand excepts cut a /0 into more than a million prefixes.
+	maxelem := maxSetElements
+	if s.typ == "hash:net" {
+		maxelem = max(maxelem, s.count)
+	}
+	return fmt.Sprintf("create %s %s family %s hashsize %d maxelem %d", name, s.typ, fam, hashsize, maxelem)
 }
 
-// maxSetElements is the maxelem of every set: ipset refuses a member beyond it ("Hash is
-// full"), and a set's limit cannot change once the rules reference it.
+// maxSetElements is the maxelem of every set of pods: ipset refuses a member beyond it ("Hash
+// is full"), and a set's limit cannot change once the rules reference it.
 const maxSetElements = 1 << 20
 
-// policyChecker returns the check of policy.FailClosed for rs: a policy whose peer or
-// named-port sets need more members than a set may hold cannot be expressed. An ipBlock with
-// enough excepts (some ten thousand) gets there; a pod selector would need a million pods.
+// policyChecker returns the check of policy.FailClosed for rs: a policy whose pod or
+// named-port sets need more members than such a set may hold cannot be expressed. That takes
+// a million pods.
 func policyChecker(rs *policy.Ruleset) func(string, *policy.PolicyRules) error {
 	tooMany := func(kind, name string, n int) error {
 		return fmt.Errorf("its %s %s needs %d members in one ipset, more than the %d a set holds", kind, name, n, maxSetElements)
@@ -152,16 +158,11 @@ func policyChecker(rs *policy.Ruleset) func(string, *policy.PolicyRules) error {
 	return func(_ string, pr *policy.PolicyRules) error {
 		for _, r := range pr.Rules {
 			for _, p := range r.Peers {
-				switch {
-				case p.AddrSet != "":
-					if n := largestFamily(rs.AddrSets[p.AddrSet].Addrs, netip.Addr.Is6); n > maxSetElements {
-						return tooMany("peer set", p.AddrSet, n)
-					}
-				case p.CIDRSet != "":
-					// A member per prefix: a /0 takes two, but then it is the only one.
-					if n := len(rs.CIDRSets[p.CIDRSet].Prefixes); n > maxSetElements {
-						return tooMany("ipBlock", p.CIDRSet, n)
-					}
+				if p.AddrSet == "" {
+					continue
+				}
+				if n := largestFamily(rs.AddrSets[p.AddrSet].Addrs, netip.Addr.Is6); n > maxSetElements {
+					return tooMany("peer set", p.AddrSet, n)
 				}
 			}
 			for _, pm := range r.Ports {
