@@ -270,8 +270,8 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	return r
 }
 
-// maxName is the longest name the kernel takes for a chain or set (NFT_NAME_MAXLEN, with its
-// terminating zero).
+// maxName is the longest name the kernel takes for a chain or set: NFT_NAME_MAXLEN (256)
+// counts the terminating zero.
 const maxName = 255
 
 // checkPolicy reports why nft cannot program a policy's chains: a name that the kernel does not

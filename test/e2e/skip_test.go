@@ -218,8 +218,8 @@ func TestUnexpressiblePolicyIsSkipped(t *testing.T) {
 			}
 			return b.Verify(ctx)
 		})
-		if len(res.Skipped) != 0 || res.Full {
-			t.Fatalf("after the fix: %+v", res)
+		if len(res.Skipped) != 0 || res.Full || res.Fallback != "" {
+			t.Fatalf("applied again: %+v", res)
 		}
 		expect("x/open-c applied", []flow{
 			{"b", "a", true},
@@ -228,6 +228,27 @@ func TestUnexpressiblePolicyIsSkipped(t *testing.T) {
 			{"a", "c", true},
 			{"c", "b", true},
 			{"c", "node", true},
+		})
+
+		// And unexpressible again: an incremental sync takes its rules out again.
+		st.Policies["x/open-c"] = open.DeepCopy()
+		rs3, _ := compiler.Compile(st)
+		unexpressible[be.name](rs3, "x/open-c")
+		inNode(func() error {
+			res, err = b.Sync(ctx, rs3)
+			if err != nil {
+				return err
+			}
+			return b.Verify(ctx)
+		})
+		if len(res.Skipped) != 1 || res.Skipped[0].Policy != "x/open-c" || res.Full || res.Fallback != "" {
+			t.Fatalf("skipped again: %+v", res)
+		}
+		expect("x/open-c skipped again", []flow{
+			{"b", "a", true},
+			{"b", "c", false},
+			{"c", "b", false},
+			{"node", "c", true},
 		})
 		inNode(func() error { return b.Cleanup(ctx) })
 	})
