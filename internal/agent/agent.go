@@ -58,7 +58,8 @@ type Agent struct {
 	lastEvent atomic.Int64
 	status    statusBoard
 	// inSync: the kernel holds the Ruleset the compiler made last (policy loop only).
-	inSync bool
+	inSync  bool
+	skipped skipReport
 }
 
 // New returns an Agent; call Run or Once.
@@ -165,6 +166,8 @@ func (a *Agent) Once(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
+	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
 	a.log.Info("synced", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting)
 	if err := a.cfg.Policy.Verify(ctx); err != nil {
@@ -339,6 +342,8 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 	}
 	a.inSync = true
 	a.metrics.observeSync(a.cfg.Policy.Name(), res, stats, time.Since(start).Seconds())
+	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
+	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
 	if seen != 0 {
 		a.metrics.programLatency.Observe(time.Since(time.Unix(0, seen)).Seconds())
 	}

@@ -25,6 +25,7 @@ type metrics struct {
 	// appliedGeneration is the Generation of the cluster state snapshot each feature's rules
 	// in the kernel come from (see Status).
 	appliedGeneration *prometheus.GaugeVec
+	policiesSkipped   prometheus.Gauge
 }
 
 // Buckets from 1 ms to about 16 s: incremental syncs take milliseconds, a full sync of a large
@@ -78,9 +79,13 @@ func newMetrics() *metrics {
 			Name: "netwarden_applied_generation",
 			Help: "Generation of the cluster state snapshot whose rules the kernel holds, by feature (also on /status with the source revision).",
 		}, []string{"feature"}),
+		policiesSkipped: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "netwarden_policies_skipped",
+			Help: "NetworkPolicies the backend cannot express, applied fail-closed: their pods stay isolated, their rules admit nothing. The log names each.",
+		}),
 	}
 	m.registry.MustRegister(m.appliedGeneration, m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
-		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied,
+		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied, m.policiesSkipped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -98,4 +103,5 @@ func (m *metrics) observeSync(backend string, res dataplane.SyncResult, stats po
 	m.localPods.Set(float64(stats.LocalPods))
 	m.selectedPods.Set(float64(stats.IsolatedPods))
 	m.policiesApplied.Set(float64(stats.PoliciesSelecting))
+	m.policiesSkipped.Set(float64(len(res.Skipped)))
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/policy"
 )
 
 // Status is what the agent has put in the kernel, served as JSON on /status. A writer of
@@ -42,6 +43,9 @@ type FeatureStatus struct {
 	// be quiet (iptables-nft); the kernel enforces the state already, and holds more than it
 	// needs until they are done.
 	CompactionPending bool `json:"compactionPending,omitempty"`
+	// Skipped lists the NetworkPolicies the backend cannot express, applied fail-closed (their
+	// pods stay isolated, their rules admit nothing).
+	Skipped []policy.SkippedPolicy `json:"skipped,omitempty"`
 	// Repairs counts the times the kernel was found changed by someone else and the rules
 	// were restored (counted once restored).
 	Repairs uint64 `json:"repairs"`

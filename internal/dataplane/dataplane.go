@@ -16,6 +16,10 @@ type SyncResult struct {
 	Fallback string
 	// Size is what the kernel holds for this backend after the sync.
 	Size Size
+	// Skipped lists the policies the backend cannot express, sorted by name. Each is applied
+	// fail-closed: the pods it selects stay isolated in its directions, and it admits nothing.
+	// Every other policy is applied.
+	Skipped []policy.SkippedPolicy
 }
 
 // Size counts the objects a backend keeps in the kernel.

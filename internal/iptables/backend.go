@@ -84,6 +84,9 @@ func Dump(r *Rendered) string {
 		return "# render error: " + r.err.Error() + "\n"
 	}
 	var sb strings.Builder
+	for _, sk := range r.Skipped {
+		fmt.Fprintf(&sb, "# skipped %s, fail-closed (its pods stay isolated, it admits nothing): %s\n", sk.Policy, sk.Reason)
+	}
 	sb.WriteString("# kernel names and the Ruleset objects they stand for\n")
 	for _, k := range sortedKeys(r.Sources) {
 		fmt.Fprintf(&sb, "#   %s = %s\n", k, r.Sources[k])
@@ -108,12 +111,18 @@ func Dump(r *Rendered) string {
 
 // Sync implements dataplane.PolicyBackend.
 func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
-	return b.SyncRendered(ctx, b.renderer.Render(rs))
+	want := b.renderer.Render(rs)
+	res, err := b.SyncRendered(ctx, want)
+	res.Skipped = want.Skipped
+	return res, err
 }
 
 // FullSync implements dataplane.PolicyBackend.
 func (b *Backend) FullSync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
-	return b.FullSyncRendered(ctx, b.renderer.Render(rs))
+	want := b.renderer.Render(rs)
+	res, err := b.FullSyncRendered(ctx, want)
+	res.Skipped = want.Skipped
+	return res, err
 }
 
 // SyncRendered makes the kernel hold want, sending only the difference from the last

@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"sort"
 	"strings"
@@ -329,4 +330,63 @@ func createHead(line string) string {
 		return strings.Join(f[:5], " ")
 	}
 	return line
+}
+
+// TestKernelManyExcepts: an ipBlock of ::/0 with ten thousand excepts (the API limits neither)
+// is more than a million prefixes, more than a set of pods may hold; its set is made as large
+// as it needs, and the policy is applied, not skipped.
+func TestKernelManyExcepts(t *testing.T) {
+	inFreshNetNS(t, func() {
+		ctx := context.Background()
+		st := stateWithPods(2)
+		var except []string
+		for i := range 10000 {
+			var b [16]byte
+			x := uint64(i+1) * 0x9e3779b97f4a7c15
+			for j := range 8 {
+				b[j] = byte(x >> (8 * j))
+				b[8+j] = byte(x >> (8 * (7 - j)))
+			}
+			except = append(except, netip.AddrFrom16(b).String()+"/128")
+		}
+		np := st.Policies["a/web"]
+		np.Spec.Ingress[0].From = append(np.Spec.Ingress[0].From, networkingv1.NetworkPolicyPeer{
+			IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: except}})
+		if errs := cluster.ValidateNetworkPolicy(np); len(errs) > 0 {
+			t.Fatalf("the test's policy is invalid: %v", errs)
+		}
+		rs, _ := policy.Compile(st, "n1")
+		var set string
+		for name, cs := range rs.CIDRSets {
+			if len(cs.Prefixes) > maxSetElements {
+				set = cidrSet(name, v6)
+			}
+		}
+		if set == "" {
+			t.Fatal("no ipBlock of more than a million prefixes: the test proves nothing")
+		}
+		b, err := New(ctx, xtables.ModeNFT)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := b.FullSync(ctx, rs)
+		if err != nil {
+			t.Fatalf("full sync: %v", err)
+		}
+		if len(res.Skipped) != 0 {
+			t.Fatalf("skipped %+v", res.Skipped)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for addr, member := range map[string]bool{except[0][:len(except[0])-4]: false, except[9999][:len(except[9999])-4]: false, "2001:db8::1": true, "fd00::1": true} {
+			err := exec.Command("ipset", "test", set, addr).Run()
+			if (err == nil) != member {
+				t.Errorf("ipset test %s %s: %v, want member=%v", set, addr, err, member)
+			}
+		}
+		if err := b.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

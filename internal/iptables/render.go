@@ -36,6 +36,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // Chain and set names. Every chain we own starts with ChainPrefix and every set with
@@ -134,7 +135,63 @@ func (s *ipset) createLine(name string) string {
 	for hashsize < 65536 && hashsize*4 < s.count {
 		hashsize *= 2
 	}
-	return fmt.Sprintf("create %s %s family %s hashsize %d maxelem 1048576", name, s.typ, fam, hashsize)
+	// An ipBlock's set never changes (its name stands for its content), so it is made as
+	// large as it needs: some ten thousand excepts cut a /0 into more than a million prefixes.
+	maxelem := maxSetElements
+	if s.typ == "hash:net" {
+		maxelem = max(maxelem, s.count)
+	}
+	return fmt.Sprintf("create %s %s family %s hashsize %d maxelem %d", name, s.typ, fam, hashsize, maxelem)
+}
+
+// maxSetElements is the maxelem of every set of pods: ipset refuses a member beyond it ("Hash
+// is full"), and a set's limit cannot change once the rules reference it.
+const maxSetElements = 1 << 20
+
+// policyChecker returns the check of policy.FailClosed for rs: a policy whose pod or
+// named-port sets need more members than such a set may hold cannot be expressed. That takes
+// a million pods.
+func policyChecker(rs *policy.Ruleset) func(string, *policy.PolicyRules) error {
+	tooMany := func(kind, name string, n int) error {
+		return fmt.Errorf("its %s %s needs %d members in one ipset, more than the %d a set holds", kind, name, n, maxSetElements)
+	}
+	return func(_ string, pr *policy.PolicyRules) error {
+		for _, r := range pr.Rules {
+			for _, p := range r.Peers {
+				if p.AddrSet == "" {
+					continue
+				}
+				if n := largestFamily(rs.AddrSets[p.AddrSet].Addrs, netip.Addr.Is6); n > maxSetElements {
+					return tooMany("peer set", p.AddrSet, n)
+				}
+			}
+			for _, pm := range r.Ports {
+				if pm.NamedPortSet == "" {
+					continue
+				}
+				is6 := func(e netip.AddrPort) bool { return e.Addr().Is6() }
+				if n := largestFamily(rs.NamedPortSets[pm.NamedPortSet].Entries, is6); n > maxSetElements {
+					return tooMany("named port set", pm.NamedPortSet, n)
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// largestFamily returns how many members the larger family's set of all needs. The sets are
+// counted only when both together could be too many.
+func largestFamily[T any](all []T, is6 func(T) bool) int {
+	if len(all) <= maxSetElements {
+		return len(all)
+	}
+	n6 := 0
+	for _, v := range all {
+		if is6(v) {
+			n6++
+		}
+	}
+	return max(n6, len(all)-n6)
 }
 
 // Rendered is what the kernel should hold: sets by name, and per family (v4, v6) our chains
@@ -147,7 +204,10 @@ type Rendered struct {
 	Sources map[string]string
 	// GroupPolicies lists, per group chain, the policies whose rules it holds.
 	GroupPolicies map[string][]string
-	err           error
+	// Skipped lists the policies left out because they cannot be expressed (see
+	// policyChecker).
+	Skipped []policy.SkippedPolicy
+	err     error
 }
 
 func (r *Rendered) size() dataplane.Size {
@@ -210,7 +270,8 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	if rd.prev.addrSets == nil {
 		rd.prev = newRenderCache()
 	}
-	r := &Rendered{Sets: map[string]*ipset{}, Sources: map[string]string{}, GroupPolicies: map[string][]string{}}
+	rs, skipped := policy.FailClosed(rs, policyChecker(rs))
+	r := &Rendered{Sets: map[string]*ipset{}, Sources: map[string]string{}, GroupPolicies: map[string][]string{}, Skipped: skipped}
 	for fam := range r.Chains {
 		r.Chains[fam] = map[string][]string{}
 	}
@@ -298,7 +359,9 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		if !ok {
 			elems := map[string]bool{}
 			for _, p := range cs.Prefixes {
-				elems[prefixMember(p)] = true
+				for _, m := range xtables.HashNetPrefixes(p) {
+					elems[prefixMember(m)] = true
+				}
 			}
 			s = &ipset{typ: "hash:net", v6: cs.IPv6, count: len(elems), members: elems, src: cs}
 		}

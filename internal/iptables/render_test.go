@@ -201,3 +201,45 @@ func applyEdits(t *testing.T, chain string, rules, edits []string) []string {
 	}
 	return out
 }
+
+// TestWholeFamilyIPBlock: hash:net refuses a /0, so an ipBlock of a whole family is its two
+// halves, and one with excepts the prefixes left around them.
+func TestWholeFamilyIPBlock(t *testing.T) {
+	rs := policy.NewRuleset()
+	for name, cidr := range map[string]string{"all4": "0.0.0.0/0", "all6": "::/0", "all4-but": "0.0.0.0/0", "all6-but": "::/0"} {
+		p := netip.MustParsePrefix(cidr)
+		var except []netip.Prefix
+		switch name {
+		case "all4-but":
+			except = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32")}
+		case "all6-but":
+			except = []netip.Prefix{netip.MustParsePrefix("8000::/1")}
+		}
+		rs.CIDRSets[name] = &policy.CIDRSet{IPv6: p.Addr().Is6(), Prefixes: policy.SubtractPrefixes(p, except)}
+	}
+	r := Render(rs)
+	if r.Err() != nil {
+		t.Fatal(r.Err())
+	}
+	for name, want := range map[string]string{
+		cidrSet("all4", v4): "0.0.0.0/1 128.0.0.0/1",
+		cidrSet("all6", v6): "8000::/1 ::/1",
+		// Only the lower half is left, and hash:net holds it as it is.
+		cidrSet("all6-but", v6): "::/1",
+	} {
+		if got := strings.Join(sortedKeys(r.Sets[name].elements()), " "); got != want {
+			t.Errorf("%s = %s: %s, want %s", name, r.Sources[name], got, want)
+		}
+	}
+	got := r.Sets[cidrSet("all4-but", v4)].elements()
+	for _, m := range []string{"10.0.0.0/8", "192.0.2.7", "0.0.0.0/0"} {
+		if got[m] {
+			t.Errorf("all4-but holds %s", m)
+		}
+	}
+	for _, m := range []string{"0.0.0.0/5", "11.0.0.0/8", "128.0.0.0/2", "192.0.2.6", "192.0.2.8/29"} {
+		if !got[m] {
+			t.Errorf("all4-but lacks %s: %v", m, sortedKeys(got))
+		}
+	}
+}

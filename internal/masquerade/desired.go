@@ -143,7 +143,8 @@ func prefixRange(p netip.Prefix) Range {
 }
 
 // Prefixes splits r into the fewest prefixes that cover exactly r, for set types that hold
-// prefixes only (ipset hash:net, which also cannot hold a /0: it is split in two halves).
+// prefixes only. A whole family is one /0 (ipset hash:net needs it split: see
+// xtables.HashNetPrefixes).
 func (r Range) Prefixes() []netip.Prefix {
 	var out []netip.Prefix
 	first := r.First
@@ -157,9 +158,6 @@ func (r Range) Prefixes() []netip.Prefix {
 			}
 			bits--
 		}
-		if bits == 0 {
-			bits = 1 // hash:net cannot hold /0
-		}
 		p := netip.PrefixFrom(first, bits)
 		out = append(out, p)
 		end := prefixRange(p).Last
@@ -172,14 +170,8 @@ func (r Range) Prefixes() []netip.Prefix {
 
 // String is the range as nftables writes an interval element: a prefix when it is one.
 func (r Range) String() string {
-	if ps := r.Prefixes(); len(ps) == 1 && ps[0].Bits() > 0 {
+	if ps := r.Prefixes(); len(ps) == 1 {
 		return ps[0].String()
-	}
-	if r.First.BitLen() == 32 && r.First == netip.IPv4Unspecified() && r.Last == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
-		return "0.0.0.0/0"
-	}
-	if r.First.BitLen() == 128 && r.First == netip.IPv6Unspecified() && !r.Last.Next().IsValid() {
-		return "::/0"
 	}
 	return r.First.String() + "-" + r.Last.String()
 }

@@ -70,6 +70,15 @@ func restoreInput(fam int, randomFully bool) []byte {
 
 func element(p netip.Prefix) string { return p.String() }
 
+// hashNetMembers returns the members of a hash:net set that cover exactly r.
+func hashNetMembers(r Range) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range r.Prefixes() {
+		out = append(out, xtables.HashNetPrefixes(p)...)
+	}
+	return out
+}
+
 // setScript fills each set from scratch through a temporary set swapped in, so no packet
 // ever sees a set that is empty or half filled, and a set that our rules reference (and so
 // cannot be destroyed) is still replaced.
@@ -81,7 +90,7 @@ func setScript(d *Desired) []byte {
 		fmt.Fprintf(&buf, "create %s hash:net family %s -exist\n", tmp, ipsetFamily(k))
 		fmt.Fprintf(&buf, "flush %s\n", tmp)
 		for _, r := range k.ranges(d) {
-			for _, p := range r.Prefixes() {
+			for _, p := range hashNetMembers(r) {
 				fmt.Fprintf(&buf, "add %s %s\n", tmp, element(p))
 			}
 		}
@@ -183,7 +192,7 @@ func (b *IPTables) Sync(ctx context.Context, d *Desired) (dataplane.SyncResult, 
 func prefixSet(rs []Range) map[netip.Prefix]bool {
 	m := map[netip.Prefix]bool{}
 	for _, r := range rs {
-		for _, p := range r.Prefixes() {
+		for _, p := range hashNetMembers(r) {
 			m[p] = true
 		}
 	}

@@ -154,6 +154,24 @@ func TestBackendLifecycle(t *testing.T) {
 				if err := restarted.Verify(ctx); err != nil {
 					t.Fatalf("verify after restart: %v", err)
 				}
+				// Every source masqueraded: a whole family is a /0, which hash:net holds as
+				// two halves; incremental and full syncs both apply it.
+				all := Compute(Config{NonMasqueradeCIDRs: mustPrefixes("192.0.2.0/24")}, Options{AllSources: true}, nil, "n1")
+				if got := rangeStrings(all.Sources[0]) + " " + rangeStrings(all.Sources[1]); got != "0.0.0.0/0 ::/0" {
+					t.Fatalf("all sources: %s", got)
+				}
+				if _, err := restarted.Sync(ctx, all); err != nil {
+					t.Fatalf("incremental sync of every source: %v", err)
+				}
+				if err := restarted.Verify(ctx); err != nil {
+					t.Fatalf("verify after masquerading every source: %v", err)
+				}
+				if _, err := restarted.FullSync(ctx, all); err != nil {
+					t.Fatalf("full sync of every source: %v", err)
+				}
+				if err := restarted.Verify(ctx); err != nil {
+					t.Fatalf("verify after a full sync of every source: %v", err)
+				}
 				if err := restarted.Cleanup(ctx); err != nil {
 					t.Fatalf("cleanup: %v", err)
 				}

@@ -56,12 +56,18 @@ func (b *Backend) Render(rs *policy.Ruleset) string { return Dump(Render(rs)) }
 
 // Sync implements dataplane.PolicyBackend.
 func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
-	return b.SyncRendered(ctx, b.renderer.Render(rs))
+	want := b.renderer.Render(rs)
+	res, err := b.SyncRendered(ctx, want)
+	res.Skipped = want.Skipped
+	return res, err
 }
 
 // FullSync implements dataplane.PolicyBackend.
 func (b *Backend) FullSync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
-	return b.FullSyncRendered(ctx, b.renderer.Render(rs))
+	want := b.renderer.Render(rs)
+	res, err := b.FullSyncRendered(ctx, want)
+	res.Skipped = want.Skipped
+	return res, err
 }
 
 // SyncRendered makes the kernel hold want, in one transaction. After a successful first sync
@@ -510,6 +516,9 @@ func Dump(r *Rendered) string {
 		return "# render error: " + err.Error() + "\n"
 	}
 	var buf bytes.Buffer
+	for _, sk := range r.Skipped {
+		fmt.Fprintf(&buf, "# skipped %s, fail-closed (its pods stay isolated, it admits nothing): %s\n", sk.Policy, sk.Reason)
+	}
 	buf.WriteString(fake.Dump())
 	return buf.String()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"github.com/netwarden/netwarden/internal/testbed"
 	"maps"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"sort"
@@ -321,4 +322,131 @@ func listCanonical(t *testing.T) string {
 	blocks = append(blocks, strings.Join(cur, "\n"))
 	sort.Strings(blocks)
 	return strings.Join(blocks, "\n\n")
+}
+
+// TestKernelLongPolicyNames: the longest namespace and policy names the API server accepts
+// make a policy chain whose name is cut and completed with a hash. nft must parse it, in a
+// full sync and in a change after it, and policies whose names differ only past the cut keep
+// chains of their own.
+func TestKernelLongPolicyNames(t *testing.T) {
+	inFreshNetNS(t, func() {
+		ctx := context.Background()
+		st := stateWithPods(2)
+		long := strings.Repeat("n", 63)
+		name := strings.Repeat(strings.Repeat("p", 63)+".", 3) + strings.Repeat("p", 61)
+		for _, p := range st.Pods {
+			p.Namespace = long
+		}
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: long}}
+		cluster.DefaultNamespace(ns)
+		st.Namespaces[long] = ns
+		np := st.Policies["a/web"].DeepCopy()
+		np.Namespace, np.Name = long, name
+		if errs := cluster.ValidateNetworkPolicy(np); len(errs) > 0 {
+			t.Fatalf("the test's policy is invalid: %v", errs)
+		}
+		st.Policies = map[string]*networkingv1.NetworkPolicy{cluster.Key(long, name): np}
+		pods := st.Pods
+		st.Pods = map[string]*corev1.Pod{}
+		for _, p := range pods {
+			st.Pods[cluster.Key(long, p.Name)] = p
+		}
+		rs, _ := policy.Compile(st, "n1")
+		if len(rs.Policies) != 2 {
+			t.Fatalf("want the policy's two directions compiled, got %d", len(rs.Policies))
+		}
+		b, err := New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.FullSync(ctx, rs); err != nil {
+			t.Fatalf("full sync: %v", err)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// A second policy with a name that differs only past the cut gets its own chains.
+		np2 := np.DeepCopy()
+		np2.Name = name[:len(name)-1] + "q"
+		np2.Spec.Ingress = nil
+		st.Policies[cluster.Key(long, np2.Name)] = np2
+		rs2, _ := policy.Compile(st, "n1")
+		if len(rs2.Policies) != 4 {
+			t.Fatalf("names that differ past the cut share a chain: %v", slices.Collect(maps.Keys(rs2.Policies)))
+		}
+		res, err := b.Sync(ctx, rs2)
+		if err != nil || res.Fallback != "" {
+			t.Fatalf("sync of a second long-named policy: %+v %v", res, err)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("nft", "list", "table", "inet", TableName).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v %s", err, out)
+		}
+		for chain := range rs2.Policies {
+			if !strings.Contains(string(out), "chain "+chain+"-v4 {") {
+				t.Errorf("chain %s-v4 missing from the table:\n%s", chain, out)
+			}
+		}
+	})
+}
+
+// TestKernelWholeFamilyIPBlock: ipBlocks of 0.0.0.0/0 and ::/0, alone and with excepts, in a
+// full sync and in a change after it; the kernel holds exactly their prefixes (Verify counts
+// the elements of every set), and an excepted address is not in its set.
+func TestKernelWholeFamilyIPBlock(t *testing.T) {
+	inFreshNetNS(t, func() {
+		ctx := context.Background()
+		st := stateWithPods(2)
+		np := st.Policies["a/web"]
+		np.Spec.Ingress[0].From = append(np.Spec.Ingress[0].From,
+			networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0"}},
+			networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: []string{"fd00::1/128", "9000::/4"}}})
+		rs, _ := policy.Compile(st, "n1")
+		b, err := New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.FullSync(ctx, rs); err != nil {
+			t.Fatalf("full sync: %v", err)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatal(err)
+		}
+		np = np.DeepCopy()
+		np.Spec.Ingress[0].From = append(np.Spec.Ingress[0].From,
+			networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"10.0.0.1/32"}}},
+			networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "::/0"}})
+		st.Policies["a/web"] = np
+		rs2, _ := policy.Compile(st, "n1")
+		if res, err := b.Sync(ctx, rs2); err != nil || res.Full || res.Fallback != "" {
+			t.Fatalf("incremental sync: %+v %v", res, err)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Every set of the ipBlocks, and for each whether it holds 10.0.0.1, fd00::1, fd00::2.
+		var got []string
+		for _, name := range sortedKeys(rs2.CIDRSets) {
+			var in []string
+			for _, a := range []string{"10.0.0.1", "10.0.0.2", "fd00::1", "fd00::2", "9000::1"} {
+				if netip.MustParseAddr(a).Is6() != rs2.CIDRSets[name].IPv6 {
+					continue
+				}
+				if exec.Command("nft", "get", "element", "inet", TableName, name, "{ "+a+" }").Run() == nil {
+					in = append(in, a)
+				}
+			}
+			got = append(got, strings.Join(in, ","))
+		}
+		slices.Sort(got)
+		// fd00:1::/64 minus fd00:1::/80, 0.0.0.0/0, 0.0.0.0/0 minus 10.0.0.1, ::/0, ::/0 minus
+		// fd00::1 and 9000::/4.
+		want := []string{"", "10.0.0.1,10.0.0.2", "10.0.0.2", "fd00::1,fd00::2,9000::1", "fd00::2"}
+		if !slices.Equal(got, want) {
+			t.Fatalf("members %q, want %q", got, want)
+		}
+	})
 }

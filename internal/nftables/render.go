@@ -99,6 +99,8 @@ type chain struct {
 type Rendered struct {
 	Sets   map[string]*set
 	Chains map[string]*chain
+	// Skipped lists the policies left out because nft cannot program them (see checkPolicy).
+	Skipped []policy.SkippedPolicy
 }
 
 // Stats counts what a Rendered table holds.
@@ -161,9 +163,11 @@ func Render(rs *policy.Ruleset) *Rendered { return (&Renderer{}).Render(rs) }
 // Render turns a Ruleset into table content.
 func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	rd.prev, rd.cur = rd.cur, newRenderCache(rd.cur)
+	rs, skipped := policy.FailClosed(rs, checkPolicy)
 	r := &Rendered{
-		Sets:   make(map[string]*set, 4+2*len(rs.AddrSets)+len(rs.CIDRSets)+2*len(rs.NamedPortSets)),
-		Chains: make(map[string]*chain, 2+2*len(rs.Groups)+2*len(rs.Policies)),
+		Skipped: skipped,
+		Sets:    make(map[string]*set, 4+2*len(rs.AddrSets)+len(rs.CIDRSets)+2*len(rs.NamedPortSets)),
+		Chains:  make(map[string]*chain, 2+2*len(rs.Groups)+2*len(rs.Policies)),
 	}
 
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
@@ -264,6 +268,28 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		r.Sets[name+"-v4"], r.Sets[name+"-v6"] = pair[0], pair[1]
 	}
 	return r
+}
+
+// maxName is the longest name the kernel takes for a chain or set: NFT_NAME_MAXLEN (256)
+// counts the terminating zero.
+const maxName = 255
+
+// checkPolicy reports why nft cannot program a policy's chains: a name that the kernel does not
+// take or nft does not parse (a full sync sends the text to nft). The names come from the
+// namespace and name of the policy, which the API limits far less.
+func checkPolicy(chain string, _ *policy.PolicyRules) error {
+	name := familyChain(chain, true)
+	if len(name) > maxName {
+		return fmt.Errorf("chain name %s is %d bytes, more than the kernel's %d", name, len(name), maxName)
+	}
+	for i, c := range []byte(name) {
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if i == 0 && !letter && c != '_' && c != '.' ||
+			!letter && (c < '0' || c > '9') && !strings.ContainsRune("/-_.", rune(c)) {
+			return fmt.Errorf("chain name %s holds %q, which nft does not parse in a name", name, c)
+		}
+	}
+	return nil
 }
 
 // renderPair renders one family-mixed peer set as an IPv4 and an IPv6 set. When the value

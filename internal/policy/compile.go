@@ -610,29 +610,32 @@ func (cc *Compiler) cidrSet(b *networkingv1.IPBlock) (string, *CIDRSet) {
 	return name, s
 }
 
-// SubtractPrefixes returns disjoint prefixes covering cidr minus every except prefix.
+// SubtractPrefixes returns disjoint prefixes covering cidr minus every except prefix, in
+// address order. Each half of a split is walked with only the excepts inside it, so the work
+// is the number of excepts times the prefix length, not its square: an ipBlock may hold
+// thousands of excepts.
 func SubtractPrefixes(cidr netip.Prefix, except []netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
-	var walk func(p netip.Prefix)
-	walk = func(p netip.Prefix) {
-		overlaps := false
+	var walk func(p netip.Prefix, except []netip.Prefix)
+	walk = func(p netip.Prefix, except []netip.Prefix) {
+		var inside []netip.Prefix
 		for _, e := range except {
 			if e.Bits() <= p.Bits() && e.Contains(p.Addr()) {
 				return // fully excluded
 			}
 			if p.Contains(e.Addr()) {
-				overlaps = true
+				inside = append(inside, e)
 			}
 		}
-		if !overlaps {
+		if len(inside) == 0 {
 			out = append(out, p)
 			return
 		}
 		lo, hi := splitPrefix(p)
-		walk(lo)
-		walk(hi)
+		walk(lo, inside)
+		walk(hi, inside)
 	}
-	walk(cidr)
+	walk(cidr, except)
 	return out
 }
 
@@ -647,7 +650,9 @@ func splitPrefix(p netip.Prefix) (netip.Prefix, netip.Prefix) {
 }
 
 // PolicyChainName names the chain holding one policy's rules for one direction. It stays
-// readable in `nft list` output; very long names are cut and made unique with a hash.
+// readable in `nft list` output; very long names are cut and made unique with a hash. The
+// separator "_" never occurs in a Kubernetes name, and nft's parser takes it in a chain name
+// (it refuses "~"); the kernel takes names of up to 255 bytes.
 func PolicyChainName(dir Direction, namespace, name string) string {
 	prefix := "in/"
 	if dir == Egress {
@@ -655,7 +660,7 @@ func PolicyChainName(dir Direction, namespace, name string) string {
 	}
 	n := prefix + namespace + "/" + name
 	if len(n) > 200 {
-		n = n[:180] + "~" + shortHash(n)
+		n = n[:180] + "_" + shortHash(n)
 	}
 	return n
 }

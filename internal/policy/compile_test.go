@@ -1,9 +1,11 @@
 package policy
 
 import (
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -116,6 +118,67 @@ func TestSubtractPrefixes(t *testing.T) {
 	if got := SubtractPrefixes(netip.MustParsePrefix("fd00::/64"), []netip.Prefix{netip.MustParsePrefix("fd00::/64")}); len(got) != 0 {
 		t.Fatalf("fully excepted: %v", got)
 	}
+}
+
+// TestSubtractPrefixesRandom checks every address of a small block against random,
+// overlapping excepts, and that the result is disjoint and in order.
+func TestSubtractPrefixesRandom(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	block := netip.MustParsePrefix("10.0.0.0/24")
+	for round := 0; round < 200; round++ {
+		var except []netip.Prefix
+		for range rnd.IntN(6) {
+			a := netip.AddrFrom4([4]byte{10, 0, 0, byte(rnd.IntN(256))})
+			except = append(except, netip.PrefixFrom(a, 25+rnd.IntN(8)).Masked())
+		}
+		got := SubtractPrefixes(block, except)
+		for i := 1; i < len(got); i++ {
+			if got[i-1].Overlaps(got[i]) || !got[i-1].Addr().Less(got[i].Addr()) {
+				t.Fatalf("%v minus %v: %v is not disjoint and sorted", block, except, got)
+			}
+		}
+		for i := range 256 {
+			a := netip.AddrFrom4([4]byte{10, 0, 0, byte(i)})
+			excluded := slices.ContainsFunc(except, func(e netip.Prefix) bool { return e.Contains(a) })
+			covered := slices.ContainsFunc(got, func(p netip.Prefix) bool { return p.Contains(a) })
+			if covered == excluded {
+				t.Fatalf("%v minus %v = %v: %s covered=%v", block, except, got, a, covered)
+			}
+		}
+	}
+}
+
+// TestSubtractManyExcepts: the API puts no limit on excepts; ten thousand under ::/0 take
+// about a million prefixes and must not take quadratic time.
+func TestSubtractManyExcepts(t *testing.T) {
+	var except []netip.Prefix
+	for i := range 10000 {
+		except = append(except, netip.PrefixFrom(manyExceptsAddr(i), 128))
+	}
+	start := time.Now()
+	got := SubtractPrefixes(netip.MustParsePrefix("::/0"), except)
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("took %v", took)
+	}
+	if len(got) < 1<<20 {
+		t.Fatalf("%d prefixes, want over a million", len(got))
+	}
+	for _, e := range except[:100] {
+		if slices.ContainsFunc(got, func(p netip.Prefix) bool { return p.Contains(e.Addr()) }) {
+			t.Fatalf("%s not excepted", e)
+		}
+	}
+}
+
+// manyExceptsAddr spreads addresses over the whole IPv6 space, so few share a long prefix.
+func manyExceptsAddr(i int) netip.Addr {
+	var b [16]byte
+	x := uint64(i+1) * 0x9e3779b97f4a7c15
+	for j := range 8 {
+		b[j] = byte(x >> (8 * j))
+		b[8+j] = byte(x >> (8 * (7 - j)))
+	}
+	return netip.AddrFrom16(b)
 }
 
 func TestMergeRanges(t *testing.T) {

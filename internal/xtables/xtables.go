@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -129,6 +130,21 @@ func IPSetRestore(ctx context.Context, script []byte) error {
 		return fmt.Errorf("ipset restore: %w\ninput was:\n%s", err, numbered(script))
 	}
 	return nil
+}
+
+// HashNetPrefixes returns the members of an ipset hash:net set that cover exactly prefix p.
+// hash:net refuses a /0 ("The value of the CIDR parameter of the IP address is invalid"), so
+// a whole family is its two /1 halves; any other prefix is itself.
+func HashNetPrefixes(p netip.Prefix) []netip.Prefix {
+	p = p.Masked()
+	if p.Bits() != 0 {
+		return []netip.Prefix{p}
+	}
+	lo := netip.PrefixFrom(p.Addr(), 1)
+	hi := p.Addr().AsSlice()
+	hi[0] = 0x80
+	hiAddr, _ := netip.AddrFromSlice(hi)
+	return []netip.Prefix{lo, netip.PrefixFrom(hiAddr, 1)}
 }
 
 // IPSetNames lists the names of every ipset in this network namespace.

@@ -140,6 +140,7 @@ func TestHealthAndMetrics(t *testing.T) {
 			`netwarden_local_pods 2`,
 			`netwarden_local_pods_selected 2`,
 			`netwarden_policies_selecting_local_pods 1`,
+			`netwarden_policies_skipped 0`,
 			`netwarden_kernel_objects{backend="` + be.name + `",kind="chains"}`,
 		}
 		// apply waited for the status to report the written state applied, so the metrics of

@@ -91,6 +91,43 @@ var scenarios = []scenario{
 			withEgress(netpol("z", "cidr-out", sel(), egressType), to(eg)),
 		}
 	}},
+	{"ipBlock 0.0.0.0/0 and ::/0: every address of one family", func(w *world) []*networkingv1.NetworkPolicy {
+		return []*networkingv1.NetworkPolicy{
+			withIngress(netpol("x", "all-v4-in", sel()), from(peers(ipPeer("0.0.0.0/0")))),
+			withEgress(netpol("y", "all-v6-out", sel("pod", "a"), egressType), to(peers(ipPeer("::/0")))),
+			withEgress(withIngress(netpol("z", "all-both", sel(), ingressType, egressType),
+				from(peers(ipPeer("::/0")), port(tcp, 80))), to(peers(ipPeer("0.0.0.0/0"), ipPeer("::/0")), port(udp, 81))),
+		}
+	}},
+	{"ipBlock 0.0.0.0/0 and ::/0 with excepts carving out pods", func(w *world) []*networkingv1.NetworkPolicy {
+		var ingress, egress []networkingv1.NetworkPolicyPeer
+		for _, all := range []string{"0.0.0.0/0", "::/0"} {
+			v4 := all == "0.0.0.0/0"
+			var in, out []string
+			for _, ip := range w.tpods["y/a"].IPs() {
+				if ip.Is4() == v4 {
+					in = append(in, hostPrefix(ip))
+				}
+			}
+			for _, key := range []string{"x/b", "z/a"} {
+				for _, ip := range w.tpods[key].IPs() {
+					if ip.Is4() == v4 {
+						out = append(out, hostPrefix(ip))
+					}
+				}
+			}
+			ingress = append(ingress, ipPeer(all, in...))
+			egress = append(egress, ipPeer(all, out...))
+		}
+		// y's IPv6 egress reaches everything but this node's pod network: the node, and pods
+		// on other nodes.
+		egressV6Pods := ipPeer("::/0", testbed.DefaultPodCIDRv6.String())
+		return []*networkingv1.NetworkPolicy{
+			withIngress(netpol("x", "all-but-ya", sel()), from(ingress)),
+			withEgress(netpol("z", "all-but-xb-za", sel(), egressType), to(egress)),
+			withEgress(netpol("y", "v4-or-no-pods-v6", sel(), egressType), to(peers(ipPeer("0.0.0.0/0", hostPrefix(w.tpods["x/a"].IPv4)), egressV6Pods))),
+		}
+	}},
 	{"ports: numeric, missing protocol, endPort range, protocol without port", func(w *world) []*networkingv1.NetworkPolicy {
 		return []*networkingv1.NetworkPolicy{
 			withIngress(netpol("x", "tcp80", sel("pod", "a")), from(nil, port(tcp, 80))),

@@ -1,0 +1,78 @@
+package policy
+
+import (
+	"slices"
+	"strings"
+)
+
+// SkippedPolicy is a NetworkPolicy a backend cannot express, and why. The backend applies
+// it fail-closed: the pods it selects stay isolated in its directions, but it admits nothing.
+type SkippedPolicy struct {
+	Policy string `json:"policy"` // "namespace/name"
+	Reason string `json:"reason"`
+}
+
+// FailClosed returns rs without the rules of every policy that check rejects, and those
+// policies sorted by name. check is asked about each direction of each policy (by chain
+// name); one rejected direction skips the whole policy, whose chains are left out of the
+// groups that held them. The groups and the dispatch stay as they are, so the pods the
+// policy selects are still isolated and judged by their other policies; sets that no
+// remaining policy uses are left out too. One policy that cannot be expressed thus never
+// fails the sync of the others. rs itself is not modified; when every policy passes, rs
+// is returned.
+func FailClosed(rs *Ruleset, check func(chain string, pr *PolicyRules) error) (*Ruleset, []SkippedPolicy) {
+	var skipped []SkippedPolicy
+	bad := map[string]bool{}
+	for chain, pr := range rs.Policies {
+		if bad[pr.Source] {
+			continue
+		}
+		if err := check(chain, pr); err != nil {
+			bad[pr.Source] = true
+			skipped = append(skipped, SkippedPolicy{Policy: pr.Source, Reason: err.Error()})
+		}
+	}
+	if len(skipped) == 0 {
+		return rs, nil
+	}
+	slices.SortFunc(skipped, func(a, b SkippedPolicy) int { return strings.Compare(a.Policy, b.Policy) })
+
+	out := *rs
+	out.Policies = make(map[string]*PolicyRules, len(rs.Policies))
+	addrs, cidrs, named := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for chain, pr := range rs.Policies {
+		if bad[pr.Source] {
+			continue
+		}
+		out.Policies[chain] = pr
+		for _, r := range pr.Rules {
+			for _, p := range r.Peers {
+				addrs[p.AddrSet], cidrs[p.CIDRSet] = true, true
+			}
+			for _, p := range r.Ports {
+				named[p.NamedPortSet] = true
+			}
+		}
+	}
+	out.Groups = make(map[string]Group, len(rs.Groups))
+	for name, g := range rs.Groups {
+		if slices.ContainsFunc(g.Policies, func(c string) bool { return out.Policies[c] == nil }) {
+			g.Policies = slices.DeleteFunc(slices.Clone(g.Policies), func(c string) bool { return out.Policies[c] == nil })
+		}
+		out.Groups[name] = g
+	}
+	out.AddrSets = onlyUsed(rs.AddrSets, addrs)
+	out.CIDRSets = onlyUsed(rs.CIDRSets, cidrs)
+	out.NamedPortSets = onlyUsed(rs.NamedPortSets, named)
+	return &out, skipped
+}
+
+func onlyUsed[V any](all map[string]V, used map[string]bool) map[string]V {
+	out := make(map[string]V, len(all))
+	for name, v := range all {
+		if used[name] {
+			out[name] = v
+		}
+	}
+	return out
+}
