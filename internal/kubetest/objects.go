@@ -10,6 +10,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
@@ -89,22 +91,45 @@ func DeletePodNow(ctx context.Context, c kubernetes.Interface, namespace, name s
 
 // DeleteNow deletes an object with a zero grace period through rc (the REST client of the
 // object's API group, such as CoreV1().RESTClient()) and returns the resourceVersion of the
-// delete, which watchers see on the DELETED event: the typed clients' Delete drops the response
-// that carries it, and a test needs it to wait until an agent has seen the delete.
+// delete, as watchers see it on the DELETED event: a test needs it to wait until an agent has
+// seen the delete, and the typed clients' Delete does not return it (the API server returns the
+// deleted object for some resources and only a Status for others, so it is read from a watch).
 func DeleteNow(ctx context.Context, rc rest.Interface, resource, namespace, name string) (uint64, error) {
-	zero := int64(0)
-	obj, err := rc.Delete().NamespaceIfScoped(namespace, namespace != "").Resource(resource).Name(name).
-		Body(&metav1.DeleteOptions{GracePeriodSeconds: &zero}).Do(ctx).Get()
+	what := fmt.Sprintf("deleting %s %s/%s", resource, namespace, name)
+	obj, err := rc.Get().NamespaceIfScoped(namespace, namespace != "").Resource(resource).Name(name).Do(ctx).Get()
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
 	m, err := meta.Accessor(obj)
 	if err != nil {
-		return 0, fmt.Errorf("deleting %s %s/%s: the response is a %T, not the deleted object", resource, namespace, name, obj)
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
-	rv, err := strconv.ParseUint(m.GetResourceVersion(), 10, 64)
+	w, err := rc.Get().NamespaceIfScoped(namespace, namespace != "").Resource(resource).
+		VersionedParams(&metav1.ListOptions{Watch: true, ResourceVersion: m.GetResourceVersion(),
+			FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()}, metav1.ParameterCodec).
+		Watch(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("deleting %s %s/%s: resourceVersion %q: %w", resource, namespace, name, m.GetResourceVersion(), err)
+		return 0, fmt.Errorf("%s: watching: %w", what, err)
 	}
-	return rv, nil
+	defer w.Stop()
+	zero := int64(0)
+	if err := rc.Delete().NamespaceIfScoped(namespace, namespace != "").Resource(resource).Name(name).
+		Body(&metav1.DeleteOptions{GracePeriodSeconds: &zero}).Do(ctx).Error(); err != nil {
+		return 0, fmt.Errorf("%s: %w", what, err)
+	}
+	for ev := range w.ResultChan() {
+		if ev.Type != watch.Deleted {
+			continue
+		}
+		m, err := meta.Accessor(ev.Object)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", what, err)
+		}
+		rv, err := strconv.ParseUint(m.GetResourceVersion(), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: resourceVersion %q: %w", what, m.GetResourceVersion(), err)
+		}
+		return rv, nil
+	}
+	return 0, fmt.Errorf("%s: the watch ended before the DELETED event (%v)", what, ctx.Err())
 }
