@@ -96,17 +96,11 @@ func DeletePodNow(ctx context.Context, c kubernetes.Interface, namespace, name s
 // deleted object for some resources and only a Status for others, so it is read from a watch).
 func DeleteNow(ctx context.Context, rc rest.Interface, resource, namespace, name string) (uint64, error) {
 	what := fmt.Sprintf("deleting %s %s/%s", resource, namespace, name)
-	obj, err := rc.Get().NamespaceIfScoped(namespace, namespace != "").Resource(resource).Name(name).Do(ctx).Get()
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
-	}
-	m, err := meta.Accessor(obj)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
-	}
+	// No resourceVersion: the watch starts from the current state (an ADDED event for the
+	// object, skipped below), so the delete that follows is in it. A version just read could
+	// be ahead of the API server's watch cache, which then refuses the watch.
 	w, err := rc.Get().NamespaceIfScoped(namespace, namespace != "").Resource(resource).
-		VersionedParams(&metav1.ListOptions{Watch: true, ResourceVersion: m.GetResourceVersion(),
-			FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()}, metav1.ParameterCodec).
+		VersionedParams(&metav1.ListOptions{Watch: true, FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()}, metav1.ParameterCodec).
 		Watch(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("%s: watching: %w", what, err)
@@ -118,6 +112,9 @@ func DeleteNow(ctx context.Context, rc rest.Interface, resource, namespace, name
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
 	for ev := range w.ResultChan() {
+		if ev.Type == watch.Error {
+			return 0, fmt.Errorf("%s: watch: %v", what, apierrors.FromObject(ev.Object))
+		}
 		if ev.Type != watch.Deleted {
 			continue
 		}
