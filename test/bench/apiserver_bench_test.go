@@ -129,7 +129,7 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 			b.Fatal(err)
 		}
 		ready = append(ready, time.Since(start))
-		time.Sleep(2 * time.Second)
+		time.Sleep(2 * time.Second) // let the first sync's garbage be collected before reading the memory
 		rss, hwm = agentMemory(b, sim)
 		for i := 0; i < 20; i++ {
 			np := &networkingv1.NetworkPolicy{

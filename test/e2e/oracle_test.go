@@ -488,7 +488,6 @@ func (w *world) check(t *testing.T, step string) {
 		for j, i := range again {
 			retry[j] = probes[i]
 		}
-		time.Sleep(200 * time.Millisecond)
 		res := w.sim.Bed.ProbeAll(context.Background(), retry)
 		for j, i := range again {
 			if res[j] == cases[i].want {
