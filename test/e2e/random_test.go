@@ -152,13 +152,14 @@ func (g *gen) policy(i int) *networkingv1.NetworkPolicy {
 	return np
 }
 
-// randomize relabels every pod and namespace and draws a new set of policies.
+// randomize relabels every pod and namespace and draws a new set of policies. It walks the
+// maps in key order: in Go's random map order, one seed would draw different states.
 func (g *gen) randomize() {
-	for _, ns := range g.w.namespaces {
-		ns.Labels = g.labels(nsKeys)
+	for _, k := range sortedKeys(g.w.namespaces) {
+		g.w.namespaces[k].Labels = g.labels(nsKeys)
 	}
-	for _, p := range g.w.pods {
-		p.Labels = g.labels(labelKeys)
+	for _, k := range sortedKeys(g.w.pods) {
+		g.w.pods[k].Labels = g.labels(labelKeys)
 	}
 	g.w.policies = map[string]*networkingv1.NetworkPolicy{}
 	for i := range 1 + g.r.IntN(4) {
@@ -178,9 +179,24 @@ func seed(t *testing.T) uint64 {
 	return uint64(time.Now().UnixNano())
 }
 
+// rounds is the number of rounds a random run makes: def, or NETWARDEN_ROUNDS when set (to
+// drive many rounds from one seed, or to replay a failure up to its round).
+func rounds(t *testing.T, def int) int {
+	if s := os.Getenv("NETWARDEN_ROUNDS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			t.Fatalf("NETWARDEN_ROUNDS=%q: want a positive integer", s)
+		}
+		return v
+	}
+	return def
+}
+
 // TestRandomizedAgainstOracle is the property test: for random namespaces, labels and
 // policies, the probed matrix equals the oracle's. Each round is an incremental update of the
-// previous one. A failure prints the seed; NETWARDEN_SEED=<seed> replays it.
+// previous one. A failure prints the seed; NETWARDEN_SEED=<seed> replays it, NETWARDEN_ROUNDS=<n>
+// sets the number of rounds, and -run picks a subtest, e.g.
+// -run 'TestRandomizedAgainstOracle/bridge-v4=false-v6=true/nftables'.
 func TestRandomizedAgainstOracle(t *testing.T) {
 	for _, tc := range []struct {
 		topo   testbed.Topology
@@ -197,7 +213,7 @@ func TestRandomizedAgainstOracle(t *testing.T) {
 				t.Logf("seed %d (replay with NETWARDEN_SEED=%d)", s, s)
 				w := standardWorld(t, be, tc.topo, tc.v4, tc.v6)
 				g := &gen{r: rand.New(rand.NewPCG(s, 0x6e6574)), w: w}
-				for round := range tc.rounds {
+				for round := range rounds(t, tc.rounds) {
 					g.randomize()
 					w.apply(t)
 					w.check(t, fmt.Sprintf("seed %d round %d", s, round))
