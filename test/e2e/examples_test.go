@@ -89,4 +89,3 @@ func loadExamples(t *testing.T, dir string, files ...string) *cluster.State {
 	}
 	return st
 }
-
