@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -166,11 +168,38 @@ func TestUnchanged(t *testing.T) {
 }
 
 func TestRunUnreachable(t *testing.T) {
-	s := New(unreachable(t), nil)
+	// An API server that refuses every request and counts them: once each informer's list has
+	// been refused, the source has had its chance to sync.
+	var mu sync.Mutex
+	refused := map[string]bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		refused[r.URL.Path] = true
+		mu.Unlock()
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	c, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(c, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx, func() {}) }()
-	time.Sleep(200 * time.Millisecond)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := len(refused)
+		mu.Unlock()
+		if n >= len(s.informers) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d resources were listed", n, len(s.informers))
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval
+	}
 	if s.HasSynced() {
 		t.Error("synced without an API server")
 	}
