@@ -108,6 +108,33 @@ func (f *stateFlags) source(log *slog.Logger) (cluster.Source, error) {
 	return kubeapi.New(client, log), nil
 }
 
+// loadState reads the cluster state once: the manifests directory as it is (any problem is an
+// error), or the API once its caches have synced.
+func (f *stateFlags) loadState(ctx context.Context, log *slog.Logger) (*cluster.State, error) {
+	if f.manifests != "" && f.kubeconfig == "" {
+		st, errs := manifests.Load(f.manifests, log)
+		if len(errs) > 0 {
+			return nil, fmt.Errorf("%d problem(s) in %s:\n  %w", len(errs), f.manifests, errors.Join(errs...))
+		}
+		return st, nil
+	}
+	src, err := f.source(log)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	go func() { _ = src.Run(ctx, func() {}) }()
+	for !src.HasSynced() {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for cluster state: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return src.Snapshot(), nil
+}
+
 // Main runs the command line and returns the process exit code.
 func Main(args []string) int {
 	root := &cobra.Command{
@@ -116,7 +143,7 @@ func Main(args []string) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(agentCmd(), renderCmd(), cleanupCmd(), versionCmd())
+	root.AddCommand(agentCmd(), renderCmd(), explainCmd(), cleanupCmd(), versionCmd())
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "netwarden:", err)
@@ -205,29 +232,9 @@ func renderCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var st *cluster.State
-			if f.manifests != "" && f.kubeconfig == "" {
-				var errs []error
-				st, errs = manifests.Load(f.manifests, log)
-				if len(errs) > 0 {
-					return fmt.Errorf("%d problem(s) in %s:\n  %w", len(errs), f.manifests, errors.Join(errs...))
-				}
-			} else {
-				src, err := f.source(log)
-				if err != nil {
-					return err
-				}
-				ctx, cancel := context.WithTimeout(cmd.Context(), 60*time.Second)
-				defer cancel()
-				go func() { _ = src.Run(ctx, func() {}) }()
-				for !src.HasSynced() {
-					select {
-					case <-ctx.Done():
-						return fmt.Errorf("waiting for cluster state: %w", ctx.Err())
-					case <-time.After(20 * time.Millisecond):
-					}
-				}
-				st = src.Snapshot()
+			st, err := f.loadState(cmd.Context(), log)
+			if err != nil {
+				return err
 			}
 			if f.networkPolicy {
 				rs, _ := policy.Compile(st, node)

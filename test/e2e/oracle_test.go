@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -24,6 +26,7 @@ import (
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/source/manifests"
 	"github.com/netwarden/netwarden/internal/testbed"
 )
 
@@ -466,6 +469,7 @@ func (w *world) buildOracle() *oracle {
 func (w *world) check(t *testing.T, step string) {
 	t.Helper()
 	cases := w.cases(w.buildOracle())
+	w.checkModel(t, step, cases)
 	probes := make([]testbed.Probe, len(cases))
 	for i, c := range cases {
 		probes[i] = c.probe
@@ -524,6 +528,71 @@ func (w *world) check(t *testing.T, step string) {
 			strings.Join(wrong, "\n"), w.policyYAML())
 	}
 	t.Logf("%s: %d probes match the oracle (%d allowed, %d blocked)", step, len(cases), allowed, len(cases)-allowed)
+}
+
+// checkModel holds the policy model, as `netwarden explain` judges with it, against the oracle
+// for every case between two pods: the Ruleset of each node that runs an agent judges the
+// egress of its pods and the ingress to them, as the kernel does; pods on nodes without an
+// agent are judged by nobody.
+func (w *world) checkModel(t *testing.T, step string, cases []probeCase) {
+	t.Helper()
+	dir := t.TempDir()
+	data, err := simnode.Marshal(w.objects()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cluster.yaml"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, errs := manifests.Load(dir, nil)
+	if len(errs) > 0 {
+		t.Fatalf("%s: the world as manifests: %v", step, errs)
+	}
+	// Each node with an agent judges the egress of its pods and the ingress to them.
+	rulesets := map[string]*policy.Ruleset{}
+	for _, node := range append([]string{w.sim.NodeName}, agentNodes(w)...) {
+		rulesets[node], _ = policy.Compile(st, node)
+	}
+	var wrong []string
+	judged := 0
+	for _, c := range cases {
+		if c.src.pod == nil || c.dst.pod == nil || len(policy.EligibleIPs(c.src.pod)) == 0 || len(policy.EligibleIPs(c.dst.pod)) == 0 {
+			continue
+		}
+		srcIP := c.probe.Src.IP(familyOf(c.probe.Dst))
+		proto := policy.Protocol(strings.ToLower(string(c.probe.Protocol)))
+		egress, ingress := true, true
+		if rs := rulesets[c.src.pod.Spec.NodeName]; rs != nil {
+			egress = rs.Judge(policy.Egress, srcIP, c.probe.Dst, proto, c.probe.Port).Allowed
+		}
+		if rs := rulesets[c.dst.pod.Spec.NodeName]; rs != nil {
+			ingress = rs.Judge(policy.Ingress, c.probe.Dst, srcIP, proto, c.probe.Port).Allowed
+		}
+		judged++
+		if got := egress && ingress; got != c.want {
+			wrong = append(wrong, fmt.Sprintf("  %s -> %s (%s) %s/%d: the model says %s (egress %v, ingress %v), the oracle %s",
+				c.src.key, c.dst.key, c.probe.Dst, c.probe.Protocol, c.probe.Port, verdict(got), egress, ingress, verdict(c.want)))
+		}
+	}
+	if len(wrong) > 0 {
+		sort.Strings(wrong)
+		t.Errorf("%s: the policy model (netwarden explain) disagrees with the oracle on %d of %d cases:\n%s", step, len(wrong), judged, strings.Join(wrong, "\n"))
+	}
+}
+
+func agentNodes(w *world) []string {
+	var names []string
+	for _, a := range w.agents {
+		names = append(names, a.nodeName)
+	}
+	return names
+}
+
+func familyOf(ip netip.Addr) int {
+	if ip.Is4() {
+		return 4
+	}
+	return 6
 }
 
 func verdict(b bool) string {

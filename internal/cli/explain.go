@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+func explainCmd() *cobra.Command {
+	var f stateFlags
+	var from, to, port string
+	cmd := &cobra.Command{
+		Use:   "explain --from NS/POD|IP --to NS/POD|IP --port PORT/PROTO",
+		Short: "Explain the NetworkPolicy verdict of a connection: each direction, and the objects that decide it",
+		Long: `Explain judges a connection with the same policy model the agent programs into the kernel:
+egress at the source pod's node, ingress at the destination pod's node. For each IP family both
+ends have, it prints each direction's verdict and the policies that decide it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := f.logger(os.Stderr)
+			if err != nil {
+				return err
+			}
+			proto, portNum, err := parsePortProto(port)
+			if err != nil {
+				return err
+			}
+			if from == "" || to == "" {
+				return fmt.Errorf("--from and --to are required (NAMESPACE/POD or an IP address)")
+			}
+			st, err := f.loadState(cmd.Context(), log)
+			if err != nil {
+				return err
+			}
+			src, err := resolveEndpoint(st, "--from", from)
+			if err != nil {
+				return err
+			}
+			dst, err := resolveEndpoint(st, "--to", to)
+			if err != nil {
+				return err
+			}
+			return explain(cmd.OutOrStdout(), st, src, dst, proto, portNum)
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", "", "the connecting side: NAMESPACE/POD or an IP address")
+	cmd.Flags().StringVar(&to, "to", "", "the accepting side: NAMESPACE/POD or an IP address")
+	cmd.Flags().StringVar(&port, "port", "", "destination port and protocol, e.g. 80/tcp (tcp, udp or sctp)")
+	fs := cmd.Flags()
+	fs.StringVar(&f.nodeName, "node-name", "", "unused by explain: each direction is judged at its pod's node")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for the Kubernetes API; in-cluster config when empty and KUBERNETES_SERVICE_HOST is set")
+	fs.StringVar(&f.manifests, "manifests", "", "read cluster state from the manifests in this directory instead of the API")
+	fs.StringVar(&f.logLevel, "log-level", "warn", "log verbosity: debug, info, warn or error")
+	return cmd
+}
+
+func parsePortProto(s string) (policy.Protocol, uint16, error) {
+	num, proto, ok := strings.Cut(s, "/")
+	if !ok {
+		proto = "tcp"
+	}
+	n, err := strconv.ParseUint(num, 10, 16)
+	if err != nil || n == 0 {
+		return "", 0, fmt.Errorf("--port %q: want PORT/PROTO with PORT in 1-65535, e.g. 80/tcp", s)
+	}
+	switch p := policy.Protocol(strings.ToLower(proto)); p {
+	case policy.TCP, policy.UDP, policy.SCTP:
+		return p, uint16(n), nil
+	}
+	return "", 0, fmt.Errorf("--port %q: protocol %q is not tcp, udp or sctp", s, proto)
+}
+
+// endpoint is one side of the connection: a pod that NetworkPolicy applies to, or an address.
+type endpoint struct {
+	name string // namespace/name of the pod, or the address
+	pod  bool
+	node string
+	ips  []netip.Addr
+}
+
+func resolveEndpoint(st *cluster.State, flag, s string) (endpoint, error) {
+	if ip, err := netip.ParseAddr(s); err == nil {
+		ip = ip.Unmap()
+		for key, p := range st.Pods {
+			for _, pip := range policy.EligibleIPs(p) {
+				if pip == ip {
+					return endpoint{name: key, pod: true, node: p.Spec.NodeName, ips: []netip.Addr{ip}}, nil
+				}
+			}
+		}
+		return endpoint{name: ip.String(), ips: []netip.Addr{ip}}, nil
+	}
+	p := st.Pods[s]
+	if p == nil {
+		return endpoint{}, fmt.Errorf("%s %q: no such pod (want NAMESPACE/POD or an IP address)", flag, s)
+	}
+	ips := policy.EligibleIPs(p)
+	if len(ips) == 0 {
+		return endpoint{}, fmt.Errorf("%s %s: the pod has no address NetworkPolicy applies to (no pod IP yet, host network, or finished)", flag, s)
+	}
+	return endpoint{name: s, pod: true, node: p.Spec.NodeName, ips: ips}, nil
+}
+
+// explain prints, for each family both ends have, the egress and ingress judgements.
+func explain(out io.Writer, st *cluster.State, src, dst endpoint, proto policy.Protocol, port uint16) error {
+	rulesets := map[string]*policy.Ruleset{}
+	rulesetOf := func(node string) *policy.Ruleset {
+		if rs, ok := rulesets[node]; ok {
+			return rs
+		}
+		rs, _ := policy.Compile(st, node)
+		rulesets[node] = rs
+		return rs
+	}
+	what := fmt.Sprintf("%s/%d", strings.ToUpper(string(proto)), port)
+	families := 0
+	for _, sip := range src.ips {
+		for _, dip := range dst.ips {
+			if sip.Is4() != dip.Is4() {
+				continue
+			}
+			families++
+			fmt.Fprintf(out, "%s (%s) -> %s (%s) %s:\n", src.name, sip, dst.name, dip, what)
+			egress, ingress := true, true
+			if src.pod {
+				j := rulesetOf(src.node).Judge(policy.Egress, sip, dip, proto, port)
+				egress = j.Allowed
+				fmt.Fprintf(out, "  egress:  %s\n", describe(j, src.name, dst.name, what))
+			} else {
+				fmt.Fprintf(out, "  egress:  allowed (%s is no pod: NetworkPolicy does not judge its egress)\n", src.name)
+			}
+			if dst.pod {
+				j := rulesetOf(dst.node).Judge(policy.Ingress, dip, sip, proto, port)
+				ingress = j.Allowed
+				fmt.Fprintf(out, "  ingress: %s\n", describe(j, dst.name, src.name, what))
+			} else {
+				fmt.Fprintf(out, "  ingress: allowed (%s is no pod: NetworkPolicy does not judge its ingress)\n", dst.name)
+			}
+			verdict := "allowed"
+			if !egress || !ingress {
+				verdict = "denied"
+			}
+			fmt.Fprintf(out, "  verdict: %s\n", verdict)
+		}
+	}
+	if families == 0 {
+		return fmt.Errorf("%s and %s have no address family in common", src.name, dst.name)
+	}
+	return nil
+}
+
+// describe words a judgement of the direction of local (the pod judged) towards peer.
+func describe(j policy.Judgement, local, peer, what string) string {
+	switch {
+	case !j.Isolated:
+		return fmt.Sprintf("allowed (no policy selects %s for %s)", local, j.Direction)
+	case j.Allowed:
+		return fmt.Sprintf("allowed by %s (its %s rule %d admits %s on %s)", j.AllowedBy, j.Direction, j.Rule+1, peer, what)
+	}
+	return fmt.Sprintf("denied by default isolation of %s (selected by %s; no rule admits %s on %s)",
+		local, strings.Join(j.Selecting, ", "), peer, what)
+}

@@ -1,0 +1,125 @@
+package cli
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/source/manifests"
+)
+
+// exampleState is the demo's cluster and policies, with the pods running on two nodes.
+func exampleState(t *testing.T) *cluster.State {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"cluster.yaml", "policies.yaml"} {
+		data, err := os.ReadFile(filepath.Join("../../examples", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, errs := manifests.Load(dir, nil)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	ips := map[string][]string{
+		"frontend/web":          {"10.244.0.2", "fd00::2"},
+		"backend/api":           {"10.244.0.3", "fd00::3"},
+		"backend/db":            {"10.244.1.4", "fd00:1::4"},
+		"monitoring/prometheus": {"10.244.1.5"},
+	}
+	for key, p := range st.Pods {
+		p.Spec.NodeName = "node-a"
+		if strings.HasSuffix(ips[key][0], ".4") || strings.HasSuffix(ips[key][0], ".5") {
+			p.Spec.NodeName = "node-b"
+		}
+		p.Status.Phase = corev1.PodRunning
+		for _, ip := range ips[key] {
+			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+		}
+	}
+	return st
+}
+
+func TestExplain(t *testing.T) {
+	st := exampleState(t)
+	for _, tc := range []struct {
+		from, to, port string
+		want           []string
+	}{
+		{"frontend/web", "backend/db", "80/tcp", []string{
+			"frontend/web (10.244.0.2) -> backend/db (10.244.1.4) TCP/80:",
+			"  egress:  denied by default isolation of frontend/web (selected by frontend/web-egress; no rule admits backend/db on TCP/80)",
+			"  ingress: denied by default isolation of backend/db (selected by backend/db-from-api, backend/default-deny, backend/metrics-from-monitoring; no rule admits frontend/web on TCP/80)",
+			"  verdict: denied",
+			"frontend/web (fd00::2) -> backend/db (fd00:1::4) TCP/80:",
+		}},
+		{"backend/api", "backend/db", "80/tcp", []string{
+			"  egress:  allowed (no policy selects backend/api for egress)",
+			"  ingress: allowed by backend/db-from-api (its ingress rule 1 admits backend/api on TCP/80)",
+			"  verdict: allowed",
+		}},
+		{"monitoring/prometheus", "backend/api", "81/tcp", []string{
+			"monitoring/prometheus (10.244.1.5) -> backend/api (10.244.0.3) TCP/81:",
+			"  ingress: allowed by backend/metrics-from-monitoring (its ingress rule 1 admits monitoring/prometheus on TCP/81)",
+			"  verdict: allowed",
+		}},
+		{"monitoring/prometheus", "backend/api", "80/tcp", []string{"  verdict: denied"}},
+		{"198.51.100.7", "10.244.0.3", "80/udp", []string{
+			"198.51.100.7 (198.51.100.7) -> backend/api (10.244.0.3) UDP/80:",
+			"  egress:  allowed (198.51.100.7 is no pod: NetworkPolicy does not judge its egress)",
+			"  ingress: denied by default isolation of backend/api (selected by backend/api-from-frontend, backend/default-deny, backend/metrics-from-monitoring; no rule admits 198.51.100.7 on UDP/80)",
+		}},
+	} {
+		src, err := resolveEndpoint(st, "--from", tc.from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst, err := resolveEndpoint(st, "--to", tc.to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proto, port, err := parsePortProto(tc.port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := explain(&out, st, src, dst, proto, port); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out.String(), w+"\n") {
+				t.Errorf("%s -> %s %s: output lacks %q:\n%s", tc.from, tc.to, tc.port, w, out.String())
+			}
+		}
+	}
+}
+
+func TestExplainBadInput(t *testing.T) {
+	st := exampleState(t)
+	for _, port := range []string{"0/tcp", "80/icmp", "http/tcp", "70000"} {
+		if _, _, err := parsePortProto(port); err == nil || !strings.Contains(err.Error(), "--port") {
+			t.Errorf("--port %s: %v", port, err)
+		}
+	}
+	if p, n, err := parsePortProto("53/UDP"); err != nil || p != policy.UDP || n != 53 {
+		t.Errorf("53/UDP: %v %v %v", p, n, err)
+	}
+	if _, err := resolveEndpoint(st, "--from", "backend/nope"); err == nil || !strings.Contains(err.Error(), `--from "backend/nope": no such pod`) {
+		t.Errorf("unknown pod: %v", err)
+	}
+	src, _ := resolveEndpoint(st, "--from", "monitoring/prometheus")
+	dst, _ := resolveEndpoint(st, "--to", "fd00::3")
+	if err := explain(&bytes.Buffer{}, st, src, dst, policy.TCP, 80); err == nil || !strings.Contains(err.Error(), "no address family in common") {
+		t.Errorf("no common family: %v", err)
+	}
+}
