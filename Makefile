@@ -46,6 +46,24 @@ fmt:
 clean:
 	rm -rf $(BIN)
 
+# The container image, built in Go without a container engine (cmd/netwarden-image): bin/image/oci
+# (an OCI layout holding every IMAGE_ARCHS platform) and bin/image/netwarden-<arch>.tar (for docker
+# load, podman load, ctr images import, kind load image-archive). Timestamps are the last commit's,
+# so a rebuild of the same commit from the same Debian packages gives the same digest.
+IMAGE_ARCHS ?= amd64
+IMAGE_TAG   ?= $(VERSION)
+IMAGE_EPOCH := $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+IMAGE_FLAGS  = --arch $(shell echo $(IMAGE_ARCHS) | tr ' ' ,) --version $(VERSION) --cache $(CURDIR)/$(BIN)/image-cache
+
+.PHONY: image push
+image:
+	SOURCE_DATE_EPOCH=$(IMAGE_EPOCH) $(GO) run ./cmd/netwarden-image $(IMAGE_FLAGS) --out $(BIN)/image --tag ghcr.io/netwarden/netwarden:$(IMAGE_TAG)
+
+# make push REGISTRY=registry.example.com/team: credentials come from docker/podman login.
+push:
+	@test -n "$(REGISTRY)" || { echo "make push: set REGISTRY, such as REGISTRY=ghcr.io/me" >&2; exit 1; }
+	SOURCE_DATE_EPOCH=$(IMAGE_EPOCH) $(GO) run ./cmd/netwarden-image $(IMAGE_FLAGS) --push $(REGISTRY)/netwarden:$(IMAGE_TAG)
+
 # kube-apiserver and etcd for the integration tests (internal/kubetest), built from Go modules and
 # cached by version (a second run is instant). The last line printed is their directory: tests find
 # them through KUBE_BIN_DIR="$(hack/kube-binaries.sh | tail -n1)".

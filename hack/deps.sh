@@ -3,7 +3,8 @@
 # calls apt-get when something is missing.
 set -euo pipefail
 need=()
-for pkg in nftables iptables ipset iproute2 conntrack; do
+# apt, dpkg and debian-archive-keyring: make image (and its test) fetch Debian packages.
+for pkg in nftables iptables ipset iproute2 conntrack apt dpkg debian-archive-keyring; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
