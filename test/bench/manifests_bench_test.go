@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/simnode"
@@ -23,12 +23,12 @@ import (
 // manifestsChanges is how many changes of each kind BenchmarkManifestsDirectory measures.
 const manifestsChanges = 30
 
-// writeObjectFiles writes the benchmark cluster as one JSON file per object (about 16,000
+// writeObjectFiles writes the benchmark cluster as one YAML file per object (about 16,000
 // files), the layout of a directory that a tool keeps in step with a cluster object by object.
 func writeObjectFiles(b *testing.B, dir string) int {
 	st := synth.Generate(synth.Default())
 	write := func(name string, obj any) {
-		data, err := json.Marshal(obj)
+		data, err := yaml.Marshal(obj)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -39,22 +39,22 @@ func writeObjectFiles(b *testing.B, dir string) int {
 	for name, ns := range st.Namespaces {
 		ns = ns.DeepCopy()
 		ns.APIVersion, ns.Kind = "v1", "Namespace"
-		write("ns-"+name+".json", ns)
+		write("ns-"+name+".yaml", ns)
 	}
 	for _, p := range st.Pods {
 		p = p.DeepCopy()
 		p.APIVersion, p.Kind = "v1", "Pod"
-		write(fmt.Sprintf("pod-%s-%s.json", p.Namespace, p.Name), p)
+		write(fmt.Sprintf("pod-%s-%s.yaml", p.Namespace, p.Name), p)
 	}
 	for _, np := range st.Policies {
 		np = np.DeepCopy()
 		np.APIVersion, np.Kind = "networking.k8s.io/v1", "NetworkPolicy"
-		write(fmt.Sprintf("np-%s-%s.json", np.Namespace, np.Name), np)
+		write(fmt.Sprintf("np-%s-%s.yaml", np.Namespace, np.Name), np)
 	}
 	for name, n := range st.Nodes {
 		n = n.DeepCopy()
 		n.APIVersion, n.Kind = "v1", "Node"
-		write("node-"+name+".json", n)
+		write("node-"+name+".yaml", n)
 	}
 	return len(st.Namespaces) + len(st.Pods) + len(st.Policies) + len(st.Nodes)
 }
@@ -82,7 +82,7 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 	base := synth.Generate(spec)
 	pod := base.Pods["ns-00001/pod-000001"].DeepCopy()
 	pod.APIVersion, pod.Kind = "v1", "Pod"
-	podFile := fmt.Sprintf("pod-%s-%s.json", pod.Namespace, pod.Name)
+	podFile := fmt.Sprintf("pod-%s-%s.yaml", pod.Namespace, pod.Name)
 	if _, err := os.Stat(filepath.Join(sim.Dir, podFile)); err != nil {
 		b.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 		runtime.GC()
 		for i := 0; i < manifestsChanges; i++ {
 			pod.Labels["app"] = fmt.Sprintf("app-%d", 1+(run*manifestsChanges+i)%9)
-			data, err := json.Marshal(pod)
+			data, err := yaml.Marshal(pod)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -129,11 +129,11 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 					From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%d", i%10)}}}},
 				}}},
 			}
-			if data, err = json.Marshal(np); err != nil {
+			if data, err = yaml.Marshal(np); err != nil {
 				b.Fatal(err)
 			}
 			start = time.Now()
-			if err := sim.WriteFile(fmt.Sprintf("np-%s-%s.json", np.Namespace, np.Name), data); err != nil {
+			if err := sim.WriteFile(fmt.Sprintf("np-%s-%s.yaml", np.Namespace, np.Name), data); err != nil {
 				b.Fatal(err)
 			}
 			if err := sim.WaitApplied(30 * time.Second); err != nil {
@@ -146,7 +146,7 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 		}
 		// The next run starts from the directory as it was.
 		for i := 0; i < manifestsChanges; i++ {
-			if err := sim.RemoveFile(fmt.Sprintf("np-ns-00002-bench-%d-%d.json", run, i)); err != nil {
+			if err := sim.RemoveFile(fmt.Sprintf("np-ns-00002-bench-%d-%d.yaml", run, i)); err != nil {
 				b.Fatal(err)
 			}
 		}

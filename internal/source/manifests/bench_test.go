@@ -1,21 +1,22 @@
 package manifests
 
 import (
-	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/netwarden/netwarden/internal/synth"
 )
 
-// writeSynth writes the benchmark cluster as one JSON file per object.
+// writeSynth writes the benchmark cluster as one YAML file per object.
 func writeSynth(b *testing.B, dir string) {
 	st := synth.Generate(synth.Default())
 	write := func(name string, obj any) {
-		data, err := json.Marshal(obj)
+		data, err := yaml.Marshal(obj)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -26,17 +27,17 @@ func writeSynth(b *testing.B, dir string) {
 	for name, ns := range st.Namespaces {
 		ns = ns.DeepCopy()
 		ns.APIVersion, ns.Kind = "v1", "Namespace"
-		write("ns-"+name+".json", ns)
+		write("ns-"+name+".yaml", ns)
 	}
 	for _, p := range st.Pods {
 		p = p.DeepCopy()
 		p.APIVersion, p.Kind = "v1", "Pod"
-		write(fmt.Sprintf("pod-%s-%s.json", p.Namespace, p.Name), p)
+		write(fmt.Sprintf("pod-%s-%s.yaml", p.Namespace, p.Name), p)
 	}
 	for _, np := range st.Policies {
 		np = np.DeepCopy()
 		np.APIVersion, np.Kind = "networking.k8s.io/v1", "NetworkPolicy"
-		write(fmt.Sprintf("np-%s-%s.json", np.Namespace, np.Name), np)
+		write(fmt.Sprintf("np-%s-%s.yaml", np.Namespace, np.Name), np)
 	}
 }
 
@@ -60,14 +61,14 @@ func BenchmarkSourceUpdate(b *testing.B) {
 	if err := s.reload(nil); err != nil {
 		b.Fatal(err)
 	}
-	name := "pod-ns-00001-pod-000001.json"
+	name := "pod-ns-00001-pod-000001.yaml"
 	pod := s.Snapshot().Pods["ns-00001/pod-000001"].DeepCopy()
 	i := 0
 	for b.Loop() {
 		b.StopTimer() // the write is the file system's, not the source's
 		i++
 		pod.Labels["app"] = fmt.Sprintf("app-%d", i)
-		data, err := json.Marshal(pod)
+		data, err := yaml.Marshal(pod)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -89,7 +90,7 @@ func BenchmarkSourceUpdate(b *testing.B) {
 func BenchmarkRevisionCopy(b *testing.B) {
 	files := map[string]string{}
 	for i := range 16000 {
-		files[fmt.Sprintf("pod-ns-%05d-pod-%06d.json", i%1000, i)] = fmt.Sprintf("%064x", i)
+		files[fmt.Sprintf("pod-ns-%05d-pod-%06d.yaml", i%1000, i)] = fmt.Sprintf("%064x", i)
 	}
 	for b.Loop() {
 		_ = maps.Clone(files)

@@ -566,3 +566,27 @@ func TestStaleFindsChangedFiles(t *testing.T) {
 		t.Errorf("recently written: stale %q, want %q", got, want)
 	}
 }
+
+func TestRunDotSymlinkSwap(t *testing.T) {
+	// As a ConfigMap volume, with a dot-named symlink that is not "..data".
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{".v1/policies.yaml": policy("foo", "v1"), ".v2/policies.yaml": policy("foo", "v2")})
+	mustSymlink(t, ".v1", filepath.Join(dir, ".current"))
+	mustSymlink(t, ".current/policies.yaml", filepath.Join(dir, "policies.yaml"))
+
+	s := New(dir, nil)
+	notified, _ := run(t, s)
+	waitFor(t, s, notified, []string{"NetworkPolicy foo/v1"})
+
+	mustSymlink(t, ".v2", filepath.Join(dir, ".current.tmp"))
+	if err := os.Rename(filepath.Join(dir, ".current.tmp"), filepath.Join(dir, ".current")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, s, notified, []string{"NetworkPolicy foo/v2"})
+	// The previous target goes away: the content in effect does not change.
+	if err := os.RemoveAll(filepath.Join(dir, ".v1")); err != nil {
+		t.Fatal(err)
+	}
+	writeFiles(t, dir, map[string]string{"b.yaml": nsFoo})
+	waitFor(t, s, notified, []string{"Namespace foo", "NetworkPolicy foo/v2"})
+}
