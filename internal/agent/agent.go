@@ -35,7 +35,8 @@ type Config struct {
 	Masquerade *Masquerade
 	// ResyncPeriod is how often the kernel is checked for drift and repaired.
 	ResyncPeriod time.Duration
-	// MinSyncInterval coalesces bursts of events into one transaction.
+	// MinSyncInterval coalesces bursts of events into one transaction: a sync starts at least
+	// this long after the one before. A change on a quiet node is synced at once.
 	MinSyncInterval time.Duration
 	// CompactDelay is how long the rules must have been quiet before a backend's deferred
 	// removals are applied (see dataplane.Compactor).
@@ -255,9 +256,11 @@ func (a *Agent) policyLoop(ctx context.Context) error {
 	full := true
 	pending := true
 	repairing := false // the pending full sync restores rules someone else changed
+	var lastSync time.Time
 	for {
 		if pending {
 			pending = false
+			lastSync = time.Now()
 			if err := a.syncOnce(ctx, full); err != nil {
 				a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()).Inc()
 				a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.LastError = err.Error() })
@@ -283,8 +286,11 @@ func (a *Agent) policyLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-a.trigger:
-			// Coalesce a burst of events into one transaction.
-			time.Sleep(a.cfg.MinSyncInterval)
+			// Events that keep coming are coalesced into one transaction per interval; the
+			// first after a quiet time waits for nothing.
+			if d := time.Until(lastSync.Add(a.cfg.MinSyncInterval)); d > 0 {
+				time.Sleep(d)
+			}
 			pending = true
 		case <-retry.C:
 			pending = true

@@ -29,8 +29,9 @@ type Tracker struct {
 	// the agent does not keep). It still makes a new snapshot, so that a writer waiting for
 	// its write to be applied sees it applied.
 	revisionChanged bool
-	// revisionShared marks cur.Revision's map as also held by a snapshot (copy on write).
-	revisionShared bool
+	// rvShared and filesShared mark cur.Revision's maps as also held by a snapshot (copy on
+	// write), so that a published Revision never changes.
+	rvShared, filesShared bool
 }
 
 // Kinds of object a Tracker holds, indexing Tracker.dirty.
@@ -54,6 +55,7 @@ func NewTracker() *Tracker {
 func NewTrackerFrom(st *State) *Tracker {
 	t := NewTracker()
 	t.cur = *st.Clone()
+	t.rvShared, t.filesShared = true, true // st's Revision is shared with st
 	return t
 }
 
@@ -103,14 +105,38 @@ func (t *Tracker) SeenResourceVersion(resource string, rv uint64) {
 	if rv <= t.cur.Revision.ResourceVersions[resource] {
 		return
 	}
-	if t.revisionShared || t.cur.Revision.ResourceVersions == nil {
+	if t.rvShared || t.cur.Revision.ResourceVersions == nil {
 		t.cur.Revision.ResourceVersions = maps.Clone(t.cur.Revision.ResourceVersions)
 		if t.cur.Revision.ResourceVersions == nil {
 			t.cur.Revision.ResourceVersions = map[string]uint64{}
 		}
-		t.revisionShared = false
+		t.rvShared = false
 	}
 	t.cur.Revision.ResourceVersions[resource] = rv
+	t.revisionChanged = true
+}
+
+// SetFile records that manifest file name was read with content hash sum (see
+// Revision.Files), or that it is no longer read when sum is "".
+func (t *Tracker) SetFile(name, sum string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.cur.Revision.Files[name]; old == sum && ok == (sum != "") {
+		return
+	}
+	// One copy per snapshot, not per file: a reload that reads many files pays it once.
+	if t.filesShared || t.cur.Revision.Files == nil {
+		t.cur.Revision.Files = maps.Clone(t.cur.Revision.Files)
+		if t.cur.Revision.Files == nil {
+			t.cur.Revision.Files = map[string]string{}
+		}
+		t.filesShared = false
+	}
+	if sum == "" {
+		delete(t.cur.Revision.Files, name)
+	} else {
+		t.cur.Revision.Files[name] = sum
+	}
 	t.revisionChanged = true
 }
 
@@ -137,7 +163,7 @@ func (t *Tracker) Snapshot() *State {
 	st := &State{Namespaces: t.cur.Namespaces, Pods: t.cur.Pods, Policies: t.cur.Policies, Nodes: t.cur.Nodes,
 		Generation: generations.Add(1), Revision: t.cur.Revision}
 	t.shared = [4]bool{true, true, true, true}
-	t.revisionShared, t.revisionChanged = true, false
+	t.rvShared, t.filesShared, t.revisionChanged = true, true, false
 	if t.last != nil {
 		st.Changes = &Changes{
 			Since:      t.last.Generation,
@@ -160,7 +186,7 @@ func (t *Tracker) Nodes() (map[string]*corev1.Node, Revision) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.shared[kindNode] = true // the caller now holds cur's map too
-	t.revisionShared = true
+	t.rvShared, t.filesShared = true, true
 	return t.cur.Nodes, t.cur.Revision
 }
 

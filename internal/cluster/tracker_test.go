@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -95,5 +96,37 @@ func TestTrackerChanges(t *testing.T) {
 		tr.SetPod(Key("a", "late"), nil)
 		tr.SetNode("late", nil)
 		prev = st
+	}
+}
+
+func TestTrackerFiles(t *testing.T) {
+	tr := NewTracker()
+	tr.SetFile("a.yaml", "1")
+	tr.SetFile("b.yaml", "2")
+	s1 := tr.Snapshot()
+	if want := map[string]string{"a.yaml": "1", "b.yaml": "2"}; !maps.Equal(s1.Revision.Files, want) {
+		t.Fatalf("files %v, want %v", s1.Revision.Files, want)
+	}
+	tr.SetFile("a.yaml", "1")
+	tr.SetFile("c.yaml", "")
+	if s := tr.Snapshot(); s != s1 {
+		t.Error("a snapshot for files that did not change")
+	}
+	tr.SetFile("a.yaml", "3")
+	tr.SetFile("b.yaml", "")
+	s2 := tr.Snapshot()
+	if s2 == s1 || s2.Changes == nil || len(s2.Changes.Pods)+len(s2.Changes.Policies)+len(s2.Changes.Namespaces)+len(s2.Changes.Nodes) != 0 {
+		t.Errorf("a new snapshot listing no object: %+v", s2.Changes)
+	}
+	if want := map[string]string{"a.yaml": "3"}; !maps.Equal(s2.Revision.Files, want) {
+		t.Errorf("files %v, want %v", s2.Revision.Files, want)
+	}
+	if want := map[string]string{"a.yaml": "1", "b.yaml": "2"}; !maps.Equal(s1.Revision.Files, want) {
+		t.Errorf("published files changed to %v", s1.Revision.Files)
+	}
+	_, rev := tr.Nodes()
+	tr.SetFile("d.yaml", "4")
+	if _, ok := rev.Files["d.yaml"]; ok {
+		t.Error("the Revision handed out with Nodes changed")
 	}
 }

@@ -19,13 +19,20 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 )
@@ -35,11 +42,14 @@ import (
 // cannot be read, the state is nil and the single error names dir.
 func Load(dir string, logger *slog.Logger) (*cluster.State, []error) {
 	l := newLoader(dir, orDiscard(logger))
-	res, err := l.load()
+	errs, err := l.loadAll()
 	if err != nil {
 		return nil, []error{err}
 	}
-	return res.state, res.errs
+	st := *l.objects.Snapshot()
+	// A one-off read: not a snapshot in any sequence.
+	st.Generation, st.Changes = 0, nil
+	return &st, errs
 }
 
 func orDiscard(logger *slog.Logger) *slog.Logger {
@@ -49,31 +59,63 @@ func orDiscard(logger *slog.Logger) *slog.Logger {
 	return logger
 }
 
-// loader reads the directory and keeps what is needed for the last-good-content behaviour across
-// reloads. It is not safe for concurrent use.
+// loader keeps the directory's files and what is needed for the last-good-content behaviour, and
+// updates them for the files named, so that a change costs in proportion to the files it
+// touches. It is not safe for concurrent use.
 type loader struct {
 	dir    string
 	logger *slog.Logger
-	// parsed caches the latest parse of each file, so unchanged files are not re-parsed (and
-	// skipped kinds are not logged again on every reload).
-	parsed map[string]*fileContent
+	// files holds every manifest file present, readable or not, with the latest parse of its
+	// content (so that unchanged content is not parsed again, nor its skipped kinds logged).
+	files map[string]*fileState
 	// good is the content of each file that is in effect: its last content without problems.
 	good map[string]*fileContent
-	// owner is the file each object of the current state comes from.
-	owner map[objKey]string
+	// owner says, for each object in effect, which file it comes from.
+	owner map[objKey]*owned
+	// held lists the files whose content is good but not in effect, because it defines objects
+	// that other files hold: every update looks at them again, as their rivals may have let go.
+	held map[string]bool
+	// errs holds the problems of each file.
+	errs map[string][]error
+	// dotDirs lists the dot-named entries last seen as directories or symlinks, which may hold
+	// the content behind the visible names (a ConfigMap volume's "..data").
+	dotDirs map[string]bool
+	// objects holds the objects in effect and the Revision, and makes the snapshots.
+	objects *cluster.Tracker
+}
+
+// fileState is what was last read of one manifest file.
+type fileState struct {
+	fc     *fileContent // nil when it could not be read
+	err    error        // why it could not be read
+	stat   statKey      // of the file as it was read
+	readAt time.Time    // when, to tell content changed within the file system's timestamp granularity
+}
+
+// statKey is what a stat says of a file's content, to find the files changed without reading them.
+type statKey struct {
+	size, mtime int64
+	ino, dev    uint64
+	mode        uint32
+}
+
+func statKeyOf(st *syscall.Stat_t) statKey {
+	return statKey{size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino, dev: uint64(st.Dev), mode: st.Mode}
+}
+
+// owned is an object in effect and its file.
+type owned struct {
+	file string
+	obj  *object // as in the file's content in effect, for messages
+	// pub is the object published for the key: obj, or an equal object read earlier, kept so
+	// that a file rewritten with the same objects changes no object of the snapshot.
+	pub *object
 }
 
 func newLoader(dir string, logger *slog.Logger) *loader {
-	return &loader{dir: dir, logger: logger, parsed: map[string]*fileContent{}, good: map[string]*fileContent{}, owner: map[objKey]string{}}
-}
-
-type loadResult struct {
-	state *cluster.State
-	sum   [sha256.Size]byte // content hash of the state's objects
-	errs  []error
-	files int // files in effect
-	// read maps every manifest file read to the hex SHA-256 of its bytes, good or not.
-	read map[string]string
+	return &loader{dir: dir, logger: logger, files: map[string]*fileState{}, good: map[string]*fileContent{},
+		owner: map[objKey]*owned{}, held: map[string]bool{}, errs: map[string][]error{}, dotDirs: map[string]bool{},
+		objects: cluster.NewTracker()}
 }
 
 // manifestFile reports whether name is a file to read, and whether it is JSON.
@@ -90,118 +132,364 @@ func manifestFile(name string) (ok, isJSON bool) {
 	return false, false
 }
 
-// load reads the directory and computes the new state. The error is for the directory itself;
-// problems with files are in the result.
-func (l *loader) load() (*loadResult, error) {
+// loadAll reads every file of the directory (a parse is reused when a file's content is
+// unchanged) and updates the objects. The error is for the directory itself; the problems with
+// files are returned.
+func (l *loader) loadAll() ([]error, error) {
 	entries, err := os.ReadDir(l.dir)
 	if err != nil {
 		return nil, fmt.Errorf("reading manifests directory %s: %w", l.dir, unwrapPathError(err))
 	}
-	var errs []error
-	parsed := map[string]*fileContent{}
-	var present []string       // manifest files that exist, sorted (ReadDir sorts by name)
-	fresh := map[string]bool{} // files whose current content is good
-	content := map[string]*fileContent{}
-	read := map[string]string{}
+	names := make([]string, 0, len(entries)+len(l.files))
+	clear(l.dotDirs)
 	for _, e := range entries {
-		ok, isJSON := manifestFile(e.Name())
-		if !ok {
-			continue
-		}
 		name := e.Name()
-		path := filepath.Join(l.dir, name)
-		info, err := os.Stat(path) // follows symlinks
-		if err != nil {
-			if _, lerr := os.Lstat(path); errors.Is(lerr, fs.ErrNotExist) {
-				continue // removed since the directory was listed
-			}
-			present = append(present, name)
-			errs = append(errs, &Error{File: path, Item: -1, Err: unwrapPathError(err)})
-			continue
-		}
-		if !info.Mode().IsRegular() {
-			l.logger.Debug("ignoring manifest path that is not a regular file", "path", path, "mode", info.Mode().String())
-			continue
-		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				continue
-			}
-			present = append(present, name)
-			errs = append(errs, &Error{File: path, Item: -1, Err: unwrapPathError(err)})
-			continue
-		}
-		present = append(present, name)
-		fc := l.parsed[name]
-		if sum := sha256.Sum256(data); fc == nil || fc.sum != sum {
-			fc = parseFile(path, name, data, isJSON, l.logger)
-			fc.hex = hex.EncodeToString(sum[:])
-		}
-		parsed[name] = fc
-		read[name] = fc.hex
-		if len(fc.errs) > 0 {
-			errs = append(errs, fc.errs...)
-			continue
-		}
-		fresh[name] = true
-		content[name] = fc
-	}
-	l.parsed = parsed
-
-	// Files with problems keep their last good content.
-	for _, name := range present {
-		if !fresh[name] {
-			if g := l.good[name]; g != nil {
-				content[name] = g
-			}
+		if ok, _ := manifestFile(name); ok {
+			names = append(names, name)
+		} else if strings.HasPrefix(name, ".") && e.Type()&(fs.ModeDir|fs.ModeSymlink) != 0 {
+			l.dotDirs[name] = true
 		}
 	}
-	errs = append(errs, l.resolveDuplicates(present, content, fresh)...)
+	// Files that are gone are looked at too, and found gone.
+	for name := range l.files {
+		names = append(names, name)
+	}
+	return l.update(names)
+}
 
-	good := map[string]*fileContent{}
-	owner := map[objKey]string{}
-	st := cluster.NewState()
-	var objs []*object
-	for _, name := range present {
+// readResult is one file read by readFile.
+type readResult struct {
+	name   string
+	gone   bool // absent, or not a regular file
+	fc     *fileContent
+	err    error
+	stat   statKey
+	readAt time.Time
+}
+
+// readFile reads and parses one file; prev is its previous parse, reused when the content is
+// the same.
+func (l *loader) readFile(name string, prev *fileContent) readResult {
+	r := readResult{name: name, readAt: time.Now()}
+	path := filepath.Join(l.dir, name)
+	data, st, err := readRegular(path)
+	if err != nil {
+		if _, lerr := os.Lstat(path); errors.Is(lerr, fs.ErrNotExist) {
+			r.gone = true
+			return r
+		}
+		r.err = &Error{File: path, Item: -1, Err: err}
+		return r
+	}
+	if data == nil {
+		l.logger.Debug("ignoring manifest path that is not a regular file", "path", path, "mode", fmt.Sprintf("%#o", st.Mode))
+		r.gone = true
+		return r
+	}
+	r.stat = statKeyOf(&st)
+	_, isJSON := manifestFile(name)
+	if sum := sha256.Sum256(data); prev != nil && prev.sum == sum {
+		r.fc = prev
+	} else {
+		r.fc = parseFile(path, name, data, isJSON, l.logger)
+		r.fc.hex = hex.EncodeToString(sum[:])
+	}
+	return r
+}
+
+// readRegular reads the file at path (following symlinks) with the stat of what it read; data is
+// nil when that is not a regular file. It makes the fewest system calls it can (os.ReadFile
+// also stats the path first and registers the descriptor with the poller): at thousands of
+// files, a cold start spends a good part of its time in them.
+func readRegular(path string) (data []byte, st syscall.Stat_t, err error) {
+	var fd int
+	for {
+		// O_NONBLOCK: opening a FIFO must not wait for a writer; it changes nothing for a
+		// regular file.
+		fd, err = syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC|syscall.O_NONBLOCK, 0)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return nil, st, err
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return nil, st, err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, st, nil
+	}
+	// One byte more than the size, so that a file that has not grown is read in one call.
+	data = make([]byte, 0, st.Size+1)
+	for {
+		if len(data) == cap(data) {
+			data = slices.Grow(data, 4096)
+		}
+		n, err := syscall.Read(fd, data[len(data):cap(data)])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, st, err
+		}
+		if n == 0 {
+			return data, st, nil
+		}
+		data = data[:len(data)+n]
+	}
+}
+
+// parallelReads is the number of files from which reading is spread over the CPUs.
+const parallelReads = 64
+
+// readFiles reads the named files, in parallel when there are many: parsing YAML is most of the
+// cost of a cold start.
+func (l *loader) readFiles(names []string) []readResult {
+	out := make([]readResult, len(names))
+	prev := make([]*fileContent, len(names))
+	for i, name := range names {
+		if fs := l.files[name]; fs != nil {
+			prev[i] = fs.fc
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(names)/parallelReads+1)
+	if workers <= 1 {
+		for i, name := range names {
+			out[i] = l.readFile(name, prev[i])
+		}
+		return out
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(names) {
+					return
+				}
+				out[i] = l.readFile(names[i], prev[i])
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// update reads the named files again and updates the objects in effect. Files not named keep
+// their content. The error is for the directory itself (gone while a named file was being
+// looked for); nothing is changed then. The problems with files, all of them, are returned.
+func (l *loader) update(names []string) ([]error, error) {
+	names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { ok, _ := manifestFile(n); return !ok })
+	slices.Sort(names)
+	names = slices.Compact(names)
+	reads := l.readFiles(names)
+	for _, r := range reads {
+		if r.gone {
+			// A directory removed with its files first shows its files gone: keep them,
+			// as for the directory.
+			if _, err := os.Stat(l.dir); err != nil {
+				return nil, fmt.Errorf("reading manifests directory %s: %w", l.dir, unwrapPathError(err))
+			}
+			break
+		}
+	}
+
+	candidates := map[string]bool{}
+	for _, r := range reads {
+		candidates[r.name] = true
+		switch {
+		case r.gone:
+			delete(l.files, r.name)
+			l.objects.SetFile(r.name, "")
+		case r.err != nil:
+			l.files[r.name] = &fileState{err: r.err, readAt: r.readAt}
+			l.objects.SetFile(r.name, "")
+		default:
+			l.files[r.name] = &fileState{fc: r.fc, stat: r.stat, readAt: r.readAt}
+			l.objects.SetFile(r.name, r.fc.hex)
+		}
+	}
+	for name := range l.held {
+		candidates[name] = true
+	}
+	files := slices.Sorted(maps.Keys(candidates))
+
+	// A file's content is its new content when that is good, else its last good content.
+	content := map[string]*fileContent{}
+	fresh := map[string]bool{} // files whose current content is good
+	for _, name := range files {
+		fs := l.files[name]
+		switch {
+		case fs == nil:
+		case fs.fc != nil && len(fs.fc.errs) == 0:
+			fresh[name] = true
+			content[name] = fs.fc
+		case l.good[name] != nil:
+			content[name] = l.good[name]
+		}
+	}
+	parsedGood := maps.Clone(fresh)
+	dupErrs := l.resolveDuplicates(files, candidates, content, fresh)
+
+	// Objects leave before any arrives, so that an object moving between files stays.
+	removed := map[objKey]*owned{}
+	for _, name := range files {
+		old := l.good[name]
+		if old == nil || content[name] == old {
+			continue
+		}
+		for _, o := range old.objects {
+			if ow := l.owner[o.key]; ow != nil && ow.file == name {
+				removed[o.key] = ow
+				delete(l.owner, o.key)
+			}
+		}
+	}
+	for _, name := range files {
 		fc := content[name]
-		if fc == nil {
+		if fc == nil || fc == l.good[name] {
 			continue
 		}
-		good[name] = fc
 		for _, o := range fc.objects {
-			owner[o.key] = name
-			objs = append(objs, o)
-			k := cluster.Key(o.key.ns, o.key.name)
-			switch obj := o.obj.(type) {
-			case *corev1.Namespace:
-				st.Namespaces[o.key.name] = obj
-			case *corev1.Node:
-				st.Nodes[o.key.name] = obj
-			case *corev1.Pod:
-				st.Pods[k] = obj
-			case *networkingv1.NetworkPolicy:
-				st.Policies[k] = obj
+			ow := &owned{file: name, obj: o, pub: o}
+			if prev := removed[o.key]; prev != nil {
+				delete(removed, o.key)
+				if prev.pub.sum == o.sum {
+					ow.pub = prev.pub
+				}
+			}
+			l.owner[o.key] = ow
+			if ow.pub == o {
+				l.setObject(o.key, o.obj)
 			}
 		}
 	}
-	l.good, l.owner = good, owner
+	for key := range removed {
+		l.setObject(key, nil)
+	}
 
+	for _, name := range files {
+		fs := l.files[name]
+		if fc := content[name]; fc != nil {
+			l.good[name] = fc
+		} else {
+			delete(l.good, name)
+		}
+		if parsedGood[name] && !fresh[name] {
+			l.held[name] = true
+		} else {
+			delete(l.held, name)
+		}
+		switch {
+		case fs == nil:
+			delete(l.errs, name)
+		case fs.err != nil:
+			l.errs[name] = []error{fs.err}
+		case len(fs.fc.errs) > 0:
+			l.errs[name] = fs.fc.errs
+		case len(dupErrs[name]) > 0:
+			l.errs[name] = dupErrs[name]
+		default:
+			delete(l.errs, name)
+		}
+	}
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(l.errs)) {
+		errs = append(errs, l.errs[name]...)
+	}
 	slices.SortStableFunc(errs, compareErrors)
-	st.Revision = cluster.Revision{Files: read}
-	return &loadResult{state: st, sum: stateSum(objs), errs: errs, files: len(good), read: read}, nil
+	return errs, nil
+}
+
+// setObject stores obj under key in the tracker, or removes key when obj is nil.
+func (l *loader) setObject(key objKey, obj metav1.Object) {
+	k := cluster.Key(key.ns, key.name)
+	switch key.kind {
+	case kindNamespace:
+		o, _ := obj.(*corev1.Namespace)
+		l.objects.SetNamespace(key.name, o)
+	case kindNode:
+		o, _ := obj.(*corev1.Node)
+		l.objects.SetNode(key.name, o)
+	case kindPod:
+		o, _ := obj.(*corev1.Pod)
+		l.objects.SetPod(k, o)
+	case kindPolicy:
+		o, _ := obj.(*networkingv1.NetworkPolicy)
+		l.objects.SetPolicy(k, o)
+	}
+}
+
+// stale returns the files that a scan of the directory (see scanDir) shows changed since they
+// were read, appeared or went away, without reading any.
+func (l *loader) stale(scan map[string]scanEntry) []string {
+	var names []string
+	for name, e := range scan {
+		fs := l.files[name]
+		// A file written again within the timestamp granularity of the file system, with the
+		// same size, looks unchanged: a file modified close to when it was read is read again.
+		if fs == nil || e.err != nil || fs.err != nil || e.stat != fs.stat || e.stat.mtime >= fs.readAt.Add(-racyWindow).UnixNano() {
+			names = append(names, name)
+		}
+	}
+	for name := range l.files {
+		if _, ok := scan[name]; !ok {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// racyWindow bounds the timestamp granularity of file systems (coarse kernel clocks tick every
+// few milliseconds; some file systems keep seconds).
+const racyWindow = 2 * time.Second
+
+// scanEntry is what scanDir found of one manifest file.
+type scanEntry struct {
+	stat statKey
+	err  error
+}
+
+// scanDir lists the manifest files of dir with what a stat says of them; it reads none and
+// touches no loader state, so that it can run beside the event loop.
+func scanDir(dir string) (map[string]scanEntry, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]scanEntry, len(entries))
+	for _, e := range entries {
+		if ok, _ := manifestFile(e.Name()); !ok {
+			continue
+		}
+		var st syscall.Stat_t
+		err := syscall.Stat(filepath.Join(dir, e.Name()), &st)
+		switch {
+		case err != nil:
+			out[e.Name()] = scanEntry{err: err}
+		case st.Mode&syscall.S_IFMT == syscall.S_IFREG:
+			out[e.Name()] = scanEntry{stat: statKeyOf(&st)}
+		}
+	}
+	return out, nil
 }
 
 // resolveDuplicates finds objects defined in more than one file. The file that defined the object
 // in the previous state keeps it (or, when none did, the lexically first file); a file with new
 // content that loses an object is treated like a broken file: it keeps its last good content.
-// content is updated in place.
-func (l *loader) resolveDuplicates(files []string, content map[string]*fileContent, fresh map[string]bool) []error {
+// files (sorted) are the files being updated and content their content, which is updated in
+// place; every other file keeps the objects it owns. The problems are returned by file.
+func (l *loader) resolveDuplicates(files []string, updating map[string]bool, content map[string]*fileContent, fresh map[string]bool) map[string][]error {
 	type loss struct {
 		obj    *object
 		winner string
 	}
-	var errs []error
+	errs := map[string][]error{}
 	for {
 		providers := map[objKey][]string{}
 		where := map[objKey]map[string]*object{}
@@ -220,12 +508,18 @@ func (l *loader) resolveDuplicates(files []string, content map[string]*fileConte
 		}
 		losses := map[string][]loss{}
 		for key, names := range providers {
+			// A file not being updated that holds the object holds it still.
+			if ow := l.owner[key]; ow != nil && !updating[ow.file] {
+				names = append(names, ow.file)
+				slices.Sort(names)
+				where[key][ow.file] = ow.obj
+			}
 			if len(names) < 2 {
 				continue
 			}
 			winner := names[0]
-			if prev, ok := l.owner[key]; ok && slices.Contains(names, prev) {
-				winner = prev
+			if prev, ok := l.owner[key]; ok && slices.Contains(names, prev.file) {
+				winner = prev.file
 			}
 			for _, name := range names {
 				if name == winner {
@@ -271,7 +565,7 @@ func (l *loader) resolveDuplicates(files []string, content map[string]*fileConte
 				if l.good[name] != nil {
 					kept = "keeping this file's previous content"
 				}
-				errs = append(errs, x.obj.loc.errorf("duplicate %s: also defined in %s (%s); %s",
+				errs[name] = append(errs[name], x.obj.loc.errorf("duplicate %s: also defined in %s (%s); %s",
 					x.obj.key, filepath.Join(l.dir, x.winner), other.loc.docRef(), kept))
 			}
 			fresh[name] = false
@@ -291,22 +585,6 @@ func compareErrors(a, b error) int {
 		return 0
 	}
 	return cmp.Or(cmp.Compare(ea.File, eb.File), cmp.Compare(ea.Document, eb.Document), cmp.Compare(ea.Item, eb.Item))
-}
-
-// stateSum hashes the objects of a state, independently of the files they come from.
-func stateSum(objs []*object) [sha256.Size]byte {
-	sorted := slices.Clone(objs)
-	slices.SortFunc(sorted, func(a, b *object) int {
-		return cmp.Or(cmp.Compare(a.key.kind, b.key.kind), cmp.Compare(a.key.ns, b.key.ns), cmp.Compare(a.key.name, b.key.name))
-	})
-	h := sha256.New()
-	for _, o := range sorted {
-		fmt.Fprintf(h, "%s\x00%s\x00%s\x00", o.key.kind, o.key.ns, o.key.name)
-		h.Write(o.sum[:])
-	}
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return sum
 }
 
 // unwrapPathError drops the path from an *fs.PathError, for messages that name the path already.

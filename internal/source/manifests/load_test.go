@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -593,4 +595,21 @@ func TestLoadUnreadableFile(t *testing.T) {
 	}
 	_, errs := Load(dir, nil)
 	checkErrors(t, dir, errs, []string{"DIR/a.yaml: permission denied"})
+}
+
+func TestLoadIgnoresFIFO(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"a.yaml": nsFoo})
+	// Opening a FIFO for reading waits for a writer, which never comes.
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo.yaml"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, errs := Load(dir, nil)
+	checkErrors(t, dir, errs, nil)
+	if got, want := keys(st), []string{"Namespace foo"}; !slices.Equal(got, want) {
+		t.Errorf("objects: got %q, want %q", got, want)
+	}
+	if got := slices.Sorted(maps.Keys(st.Revision.Files)); !slices.Equal(got, []string{"a.yaml"}) {
+		t.Errorf("files read: %q", got)
+	}
 }

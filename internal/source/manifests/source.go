@@ -2,12 +2,15 @@ package manifests
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +22,11 @@ import (
 )
 
 const (
-	defaultDebounce    = 100 * time.Millisecond
+	// A burst of events (an editor's save, a ConfigMap update, a checkout) comes within well
+	// under a millisecond per event. Reading what an event names costs in proportion to it, so
+	// an event on a quiet directory is read almost at once; the wait grows only while events
+	// keep coming.
+	defaultDebounce    = 2 * time.Millisecond
 	defaultMaxDebounce = time.Second
 	defaultResync      = 30 * time.Second
 )
@@ -29,10 +36,10 @@ type Source struct {
 	dir    string
 	logger *slog.Logger
 
-	// Timings; tests shorten them.
-	debounce    time.Duration // quiet time after a file system event before re-reading
-	maxDebounce time.Duration // longest delay of a re-read while events keep coming
-	resync      time.Duration // periodic re-read in case an event was missed
+	// Timings; tests change them.
+	debounce    time.Duration // quiet time after a file system event before reading what changed
+	maxDebounce time.Duration // longest delay of a read while events keep coming
+	resync      time.Duration // periodic look for changes in case an event was missed
 
 	running atomic.Bool
 	synced  atomic.Bool
@@ -40,7 +47,6 @@ type Source struct {
 
 	mu     sync.Mutex
 	loader *loader
-	sum    [sha256.Size]byte
 	errs   []error
 	errMsg []string // messages of errs, to log only changes
 }
@@ -82,9 +88,12 @@ func (s *Source) Errors() []error {
 	return slices.Clone(s.errs)
 }
 
-// Run loads the directory, then watches it and re-reads it after changes (and every 30 seconds)
-// until ctx is done; it returns nil then. notify is called after the first load and after every
-// change of the state. Run returns an error if the directory cannot be read or watched at start.
+// Run loads the directory, then watches it and reads the files that events name (the whole
+// directory when a dot-named directory or symlink changes, as a ConfigMap volume's "..data" does,
+// or when the watcher missed events) until ctx is done; it returns nil then. Every resync period
+// it also looks for files changed without an event (by their stat) and reads them. notify is
+// called after the first load and after every change of the state. Run returns an error if the
+// directory cannot be read or watched at start.
 func (s *Source) Run(ctx context.Context, notify func()) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("manifests source: Run called twice")
@@ -99,7 +108,7 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 		return fmt.Errorf("watching manifests directory %s: %w", s.dir, err)
 	}
 	// The first successful load marks the source synced, before notifying.
-	if err := s.reload(notify); err != nil {
+	if err := s.update(nil, true, notify); err != nil {
 		return err
 	}
 	watching := true
@@ -111,7 +120,8 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 		<-timer.C
 	}
 	defer timer.Stop()
-	var pending bool
+	var pending, pendingAll bool
+	pendingNames := map[string]bool{}
 	var firstEvent time.Time
 	schedule := func() {
 		now := time.Now()
@@ -121,14 +131,15 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 		d := min(s.debounce, firstEvent.Add(s.maxDebounce).Sub(now))
 		timer.Reset(max(d, 0))
 	}
-	reload := func() {
+	read := func(names []string, all bool) {
 		if !watching {
 			if err := w.Add(s.dir); err == nil {
 				watching = true
+				all = true
 				s.logger.Info("watching manifests directory again", "dir", s.dir)
 			}
 		}
-		if err := s.reload(notify); err != nil {
+		if err := s.update(names, all, notify); err != nil {
 			// The directory went away or became unreadable: keep the state in effect. Drop the watch
 			// so that it is set up again on a directory that may be recreated.
 			if watching {
@@ -137,44 +148,125 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 			}
 		}
 	}
+	// The periodic look stats every file, which at thousands of files takes a while: it runs
+	// beside the loop, and the loop reads what it found changed.
+	type scanResult struct {
+		files map[string]scanEntry
+		err   error
+	}
+	scans := make(chan scanResult, 1)
+	scanning := false
 
 	for {
 		select {
 		case <-ctx.Done():
+			if scanning {
+				<-scans
+			}
 			return nil
 		case ev, ok := <-w.Events:
 			if !ok {
 				return errors.New("manifests source: file system watcher closed")
 			}
-			// Every event counts, dot files included: a ConfigMap volume is updated by swapping
-			// its "..data" symlink, while the visible file names do not change.
 			s.logger.Debug("manifests directory event", "event", ev.String())
+			name, all, relevant := s.classify(ev)
+			if !relevant {
+				continue
+			}
+			if all {
+				pendingAll = true
+			} else {
+				pendingNames[name] = true
+			}
 			schedule()
 		case err, ok := <-w.Errors:
 			if !ok {
 				return errors.New("manifests source: file system watcher closed")
 			}
-			s.logger.Warn("watching manifests directory", "dir", s.dir, "err", err)
+			// On an overflow (fsnotify.ErrEventOverflow) events were lost; on any other error
+			// they may have been.
+			s.logger.Warn("watching manifests directory; reading it all again", "dir", s.dir, "err", err)
+			pendingAll = true
 			schedule()
 		case <-timer.C:
-			pending = false
-			reload()
+			names := slices.Collect(maps.Keys(pendingNames))
+			all := pendingAll
+			pending, pendingAll = false, false
+			clear(pendingNames)
+			read(names, all)
 		case <-ticker.C:
-			reload()
+			if !watching {
+				read(nil, true)
+				continue
+			}
+			if !scanning {
+				scanning = true
+				go func() {
+					files, err := scanDir(s.dir)
+					scans <- scanResult{files, err}
+				}()
+			}
+		case sc := <-scans:
+			scanning = false
+			if sc.err != nil {
+				read(nil, true) // reports the directory's problem
+				continue
+			}
+			// The scan may predate events read since: at worst a file is read once more.
+			s.mu.Lock()
+			names := s.loader.stale(sc.files)
+			s.mu.Unlock()
+			if len(names) > 0 {
+				read(names, false)
+			}
 		}
 	}
 }
 
-// reload reads the directory, publishes the new state if it changed and records the errors. It
-// returns an error only when the directory itself cannot be read; the state is kept then.
-func (s *Source) reload(notify func()) error {
+// classify says what an event asks to read: the file it names, all files, or nothing.
+func (s *Source) classify(ev fsnotify.Event) (name string, all, relevant bool) {
+	if filepath.Clean(ev.Name) == filepath.Clean(s.dir) {
+		return "", true, true // the directory itself went away or moved
+	}
+	name = filepath.Base(ev.Name)
+	if !strings.HasPrefix(name, ".") {
+		ok, _ := manifestFile(name)
+		return name, false, ok
+	}
+	// A dot-named directory or symlink may hold what the visible names point to: a ConfigMap
+	// volume swaps its "..data" symlink to a new "..<timestamp>" directory, and its visible
+	// names do not change. Other dot files (an editor's temporary copy) are not read.
+	if strings.HasPrefix(name, "..") {
+		return "", true, true
+	}
 	s.mu.Lock()
-	res, dirErr := s.loader.load()
+	defer s.mu.Unlock()
+	info, err := os.Lstat(ev.Name)
+	if err == nil && info.Mode()&(fs.ModeDir|fs.ModeSymlink) != 0 {
+		s.loader.dotDirs[name] = true
+		return "", true, true
+	}
+	if s.loader.dotDirs[name] {
+		delete(s.loader.dotDirs, name)
+		return "", true, true
+	}
+	return "", false, false
+}
+
+// update reads the named files, or the whole directory when all is set, publishes the new state
+// if it changed and records the errors. It returns an error only when the directory itself cannot
+// be read; the state is kept then.
+func (s *Source) update(names []string, all bool, notify func()) error {
+	s.mu.Lock()
 	var errs []error
+	var dirErr error
+	if all {
+		errs, dirErr = s.loader.loadAll()
+	} else {
+		errs, dirErr = s.loader.update(names)
+	}
 	if dirErr != nil {
 		errs = []error{dirErr}
-	} else {
-		errs = res.errs
 	}
 	s.errs = errs
 	msgs := make([]string, len(errs))
@@ -192,23 +284,17 @@ func (s *Source) reload(notify func()) error {
 	}
 	// New content that leaves the objects as they were (a file rewritten with equal objects,
 	// or with a problem, so that its last good content stays) is still published: the
-	// snapshot's Revision says it was read, and whoever wrote it waits for that.
+	// snapshot's Revision says it was read, and whoever wrote it waits for that. The objects
+	// of such a file stay those published before, so the snapshot lists no change.
 	prev := s.state.Load()
-	objectsChanged := dirErr == nil && (!s.synced.Load() || res.sum != s.sum)
-	changed := objectsChanged || dirErr == nil && !maps.Equal(res.read, prev.Revision.Files)
-	if changed {
-		st := res.state
-		if !objectsChanged {
-			// The same objects under a new Revision: keep the published ones, so that the
-			// snapshot lists no change and consumers do no work.
-			st = &cluster.State{Namespaces: prev.Namespaces, Pods: prev.Pods, Policies: prev.Policies, Nodes: prev.Nodes, Revision: res.state.Revision}
+	var changed bool
+	if dirErr == nil {
+		st := s.loader.objects.Snapshot()
+		if changed = st != prev; changed {
+			s.state.Store(st)
+			s.logger.Info("manifests loaded", "dir", s.dir, "files", len(s.loader.good), "read", len(names), "all", all,
+				"problems", len(errs), "namespaces", len(st.Namespaces), "pods", len(st.Pods), "policies", len(st.Policies), "nodes", len(st.Nodes))
 		}
-		s.sum = res.sum
-		// Unchanged files keep their objects, so a pointer comparison finds what changed.
-		cluster.NumberAfter(st, prev)
-		s.state.Store(st)
-		s.logger.Info("manifests loaded", "dir", s.dir, "files", res.files, "problems", len(errs),
-			"namespaces", len(st.Namespaces), "pods", len(st.Pods), "policies", len(st.Policies), "nodes", len(st.Nodes))
 	}
 	s.mu.Unlock()
 	if dirErr == nil {
@@ -219,3 +305,6 @@ func (s *Source) reload(notify func()) error {
 	}
 	return dirErr
 }
+
+// reload reads the whole directory (see update).
+func (s *Source) reload(notify func()) error { return s.update(nil, true, notify) }

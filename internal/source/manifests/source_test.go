@@ -30,7 +30,18 @@ type step struct {
 	sameObjects bool
 }
 
+// runSteps runs the steps twice: reading the whole directory at each step, and reading only the
+// files each step writes or removes, as the events of those files ask. Both must agree.
 func runSteps(t *testing.T, steps []step) {
+	t.Helper()
+	for _, named := range []bool{false, true} {
+		t.Run(map[bool]string{false: "whole directory", true: "named files"}[named], func(t *testing.T) {
+			runStepsOnce(t, steps, named)
+		})
+	}
+}
+
+func runStepsOnce(t *testing.T, steps []step, named bool) {
 	t.Helper()
 	dir := t.TempDir()
 	s := New(dir, nil)
@@ -44,7 +55,9 @@ func runSteps(t *testing.T, steps []step) {
 		}
 		before := s.Snapshot()
 		beforeKeys := keys(before)
-		if err := s.reload(func() { notified++ }); err != nil {
+		all := !named || i == 0
+		names := append(slices.Collect(maps.Keys(st.write)), st.remove...)
+		if err := s.update(names, all, func() { notified++ }); err != nil {
 			t.Fatalf("step %d (%s): %v", i, st.name, err)
 		}
 		checkErrors(t, dir, s.Errors(), st.wantErrs)
@@ -439,4 +452,141 @@ func waitUntil(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+func TestRunReadsOnlyTheNamedFile(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"a.yaml": policy("foo", "a"), "b.yaml": policy("foo", "b")})
+	s := New(dir, nil)
+	notified, _ := run(t, s)
+	waitFor(t, s, notified, []string{"NetworkPolicy foo/a", "NetworkPolicy foo/b"})
+	s.mu.Lock()
+	b := s.loader.files["b.yaml"]
+	s.mu.Unlock()
+
+	writeFiles(t, dir, map[string]string{".a.yaml.swp": "kind: ["}) // an editor's dot file: not read
+	writeFiles(t, dir, map[string]string{"a.yaml": policy("foo", "a2")})
+	waitFor(t, s, notified, []string{"NetworkPolicy foo/a2", "NetworkPolicy foo/b"})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.loader.files["b.yaml"] != b {
+		t.Error("b.yaml was read again for an event on a.yaml")
+	}
+	if len(s.errs) != 0 {
+		t.Errorf("errors: %v", s.errs)
+	}
+}
+
+func TestRunMaxDebounce(t *testing.T) {
+	dir := t.TempDir()
+	s := New(dir, nil)
+	// Events come more often than the quiet time: only the bound makes them read.
+	s.debounce, s.maxDebounce = time.Hour, 20*time.Millisecond
+	notified, _ := run(t, s)
+	waitFor(t, s, notified, nil)
+	stop := make(chan struct{})
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// Whole files, so that any read finds one policy.
+			if err := os.WriteFile(filepath.Join(dir, ".a.yaml.tmp"), []byte(policy("foo", fmt.Sprintf("p%d", i))), 0o644); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := os.Rename(filepath.Join(dir, ".a.yaml.tmp"), filepath.Join(dir, "a.yaml")); err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(2 * time.Millisecond) // the pace of the burst, not a wait for anything
+		}
+	}()
+	select {
+	case <-notified:
+	case <-time.After(5 * time.Second):
+		t.Error("no read while events kept coming")
+	}
+	close(stop)
+	<-wrote
+	if got := keys(s.Snapshot()); len(got) != 1 {
+		t.Errorf("objects: %q", got)
+	}
+}
+
+func TestStaleFindsChangedFiles(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"a.yaml": nsFoo, "b.yaml": nodeOne, "c.yaml": policy("foo", "c"), "x.txt": "not read"})
+	old := time.Now().Add(-time.Hour)
+	for _, name := range []string{"a.yaml", "b.yaml", "c.yaml"} {
+		if err := os.Chtimes(filepath.Join(dir, name), old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := New(dir, nil)
+	if err := s.reload(nil); err != nil {
+		t.Fatal(err)
+	}
+	stale := func() []string {
+		t.Helper()
+		scan, err := scanDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := s.loader.stale(scan)
+		slices.Sort(names)
+		return names
+	}
+	if got := stale(); len(got) != 0 {
+		t.Errorf("unchanged directory: stale %q", got)
+	}
+	writeFiles(t, dir, map[string]string{"b.yaml": nodeOne + "# edited\n", "d.yaml": nsFoo})
+	if err := os.Remove(filepath.Join(dir, "c.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "a.yaml"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stale(), []string{"a.yaml", "b.yaml", "c.yaml", "d.yaml"}; !slices.Equal(got, want) {
+		t.Errorf("stale %q, want %q", got, want)
+	}
+	if err := s.update(stale(), false, nil); err != nil {
+		t.Fatal(err)
+	}
+	checkRevision(t, dir, s.Snapshot().Revision, "after reading the stale files")
+	// d.yaml duplicates a.yaml's namespace, and a.yaml keeps it.
+	checkErrors(t, dir, s.Errors(), []string{"DIR/d.yaml: document 1 (Namespace foo): duplicate Namespace foo: also defined in DIR/a.yaml (document 1); this file is not applied"})
+	// Written a moment ago: a change within the file system's timestamp granularity would
+	// leave the same stat, so these are read again until they are old enough.
+	if got, want := stale(), []string{"b.yaml", "d.yaml"}; !slices.Equal(got, want) {
+		t.Errorf("recently written: stale %q, want %q", got, want)
+	}
+}
+
+func TestRunDotSymlinkSwap(t *testing.T) {
+	// As a ConfigMap volume, with a dot-named symlink that is not "..data".
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{".v1/policies.yaml": policy("foo", "v1"), ".v2/policies.yaml": policy("foo", "v2")})
+	mustSymlink(t, ".v1", filepath.Join(dir, ".current"))
+	mustSymlink(t, ".current/policies.yaml", filepath.Join(dir, "policies.yaml"))
+
+	s := New(dir, nil)
+	notified, _ := run(t, s)
+	waitFor(t, s, notified, []string{"NetworkPolicy foo/v1"})
+
+	mustSymlink(t, ".v2", filepath.Join(dir, ".current.tmp"))
+	if err := os.Rename(filepath.Join(dir, ".current.tmp"), filepath.Join(dir, ".current")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, s, notified, []string{"NetworkPolicy foo/v2"})
+	// The previous target goes away: the content in effect does not change.
+	if err := os.RemoveAll(filepath.Join(dir, ".v1")); err != nil {
+		t.Fatal(err)
+	}
+	writeFiles(t, dir, map[string]string{"b.yaml": nsFoo})
+	waitFor(t, s, notified, []string{"Namespace foo", "NetworkPolicy foo/v2"})
 }

@@ -1,0 +1,164 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testbed"
+)
+
+// manifestsChanges is how many changes of each kind BenchmarkManifestsDirectory measures.
+const manifestsChanges = 30
+
+// writeObjectFiles writes the benchmark cluster as one YAML file per object (about 16,000
+// files), the layout of a directory that a tool keeps in step with a cluster object by object.
+func writeObjectFiles(b *testing.B, dir string) int {
+	st := synth.Generate(synth.Default())
+	write := func(name string, obj any) {
+		data, err := yaml.Marshal(obj)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for name, ns := range st.Namespaces {
+		ns = ns.DeepCopy()
+		ns.APIVersion, ns.Kind = "v1", "Namespace"
+		write("ns-"+name+".yaml", ns)
+	}
+	for _, p := range st.Pods {
+		p = p.DeepCopy()
+		p.APIVersion, p.Kind = "v1", "Pod"
+		write(fmt.Sprintf("pod-%s-%s.yaml", p.Namespace, p.Name), p)
+	}
+	for _, np := range st.Policies {
+		np = np.DeepCopy()
+		np.APIVersion, np.Kind = "networking.k8s.io/v1", "NetworkPolicy"
+		write(fmt.Sprintf("np-%s-%s.yaml", np.Namespace, np.Name), np)
+	}
+	for name, n := range st.Nodes {
+		n = n.DeepCopy()
+		n.APIVersion, n.Kind = "v1", "Node"
+		write("node-"+name+".yaml", n)
+	}
+	return len(st.Namespaces) + len(st.Pods) + len(st.Policies) + len(st.Nodes)
+}
+
+// BenchmarkManifestsDirectory runs the real agent binary on the benchmark cluster written as
+// one file per object, and measures from outside the agent:
+//   - the wall time of `agent --once` on that directory (cold start: load, compile, apply);
+//   - one file replaced (written beside it and renamed over it, as editors and simnode do) →
+//     the agent's /status says its content is applied to the kernel, for a pod's label changed
+//     and for a new policy, p50 and p99 of manifestsChanges each.
+func BenchmarkManifestsDirectory(b *testing.B) {
+	requireRoot(b)
+	bin, err := simnode.AgentBinary()
+	if err != nil {
+		b.Skip(err)
+	}
+	spec := synth.Default()
+	sim, err := simnode.New(simnode.Options{AgentBin: bin, NodeName: spec.LocalNode,
+		Bed: testbed.Config{Topology: testbed.Routed, IPv4: true, TCPPorts: []uint16{80}, UDPPorts: []uint16{}, SCTPPorts: []uint16{}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sim.Close()
+	files := writeObjectFiles(b, sim.Dir)
+	base := synth.Generate(spec)
+	pod := base.Pods["ns-00001/pod-000001"].DeepCopy()
+	pod.APIVersion, pod.Kind = "v1", "Pod"
+	podFile := fmt.Sprintf("pod-%s-%s.yaml", pod.Namespace, pod.Name)
+	if _, err := os.Stat(filepath.Join(sim.Dir, podFile)); err != nil {
+		b.Fatal(err)
+	}
+
+	var once time.Duration
+	var labels, policies []time.Duration
+	run := 0
+	for b.Loop() {
+		run++
+		start := time.Now()
+		if out, err := sim.RunAgent(context.Background(), "agent", "--once", "--health-addr", "", "--log-level", "warn",
+			"--manifests", sim.Dir, "--node-name", sim.NodeName); err != nil {
+			b.Fatalf("agent --once: %v\n%s", err, out)
+		}
+		once = time.Since(start)
+
+		if err := sim.StartAgent("--log-level", "info"); err != nil {
+			b.Fatal(err)
+		}
+		if err := sim.WaitStatus(2*time.Minute, "ready", func(st agent.Status) bool { return st.Ready }); err != nil {
+			b.Fatal(err)
+		}
+		// The first sync's garbage is not the changes' to collect.
+		runtime.GC()
+		for i := 0; i < manifestsChanges; i++ {
+			pod.Labels["app"] = fmt.Sprintf("app-%d", 1+(run*manifestsChanges+i)%9)
+			data, err := yaml.Marshal(pod)
+			if err != nil {
+				b.Fatal(err)
+			}
+			start := time.Now()
+			if err := sim.WriteFile(podFile, data); err != nil {
+				b.Fatal(err)
+			}
+			if err := sim.WaitApplied(30 * time.Second); err != nil {
+				b.Fatal(err)
+			}
+			labels = append(labels, time.Since(start))
+
+			np := &networkingv1.NetworkPolicy{
+				TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+				ObjectMeta: metav1.ObjectMeta{Namespace: "ns-00002", Name: fmt.Sprintf("bench-%d-%d", run, i)},
+				Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{}, Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%d", i%10)}}}},
+				}}},
+			}
+			if data, err = yaml.Marshal(np); err != nil {
+				b.Fatal(err)
+			}
+			start = time.Now()
+			if err := sim.WriteFile(fmt.Sprintf("np-%s-%s.yaml", np.Namespace, np.Name), data); err != nil {
+				b.Fatal(err)
+			}
+			if err := sim.WaitApplied(30 * time.Second); err != nil {
+				b.Fatal(err)
+			}
+			policies = append(policies, time.Since(start))
+		}
+		if err := sim.StopAgent(); err != nil {
+			b.Fatal(err)
+		}
+		// The next run starts from the directory as it was.
+		for i := 0; i < manifestsChanges; i++ {
+			if err := sim.RemoveFile(fmt.Sprintf("np-ns-00002-bench-%d-%d.yaml", run, i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(files), "files")
+	b.ReportMetric(ms(once), "once-ms")
+	for _, m := range []struct {
+		name string
+		d    []time.Duration
+	}{{"label", labels}, {"policy", policies}} {
+		slices.Sort(m.d)
+		b.ReportMetric(ms(m.d[len(m.d)/2]), m.name+"-p50-ms")
+		b.ReportMetric(ms(m.d[len(m.d)*99/100]), m.name+"-p99-ms")
+	}
+}
