@@ -139,6 +139,28 @@ func checkMatrix(t *testing.T, b *Bed, cases []probeCase, expect func(c probeCas
 	start := time.Now()
 	res := b.ProbeAll(context.Background(), probes)
 	t.Logf("%d probes in %v", len(probes), time.Since(start).Round(time.Millisecond))
+	// A probe starved of CPU on a busy machine times out, which reads as blocked; a flow that
+	// is really blocked stays blocked, so those are probed again before judging. Nothing makes
+	// a blocked flow pass, so an unexpected pass is judged at once.
+	for attempt := 0; attempt < 2; attempt++ {
+		var again []int
+		for i, k := range keys {
+			if !res[i] && expect(k.c, eps[k.src], eps[k.dst]) {
+				again = append(again, i)
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		retry := make([]Probe, len(again))
+		for j, i := range again {
+			retry[j] = probes[i]
+		}
+		t.Logf("probing %d blocked flows again", len(again))
+		for j, ok := range b.ProbeAll(context.Background(), retry) {
+			res[again[j]] = ok
+		}
+	}
 	got := map[key]bool{}
 	for i, k := range keys {
 		got[k] = res[i]
