@@ -6,11 +6,15 @@ package synth
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 )
@@ -202,3 +206,47 @@ func policy(i, namespaces int) *networkingv1.NetworkPolicy {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// WriteObjectFiles writes st into dir as one YAML manifest per object (about 16,000 files for
+// Default), the layout of a directory a tool keeps in step with a cluster object by object, and
+// returns how many it wrote.
+func WriteObjectFiles(dir string, st *cluster.State) (int, error) {
+	n := 0
+	write := func(name string, obj any) error {
+		data, err := yaml.Marshal(obj)
+		if err != nil {
+			return err
+		}
+		n++
+		return os.WriteFile(filepath.Join(dir, name), data, 0o644)
+	}
+	for name, ns := range st.Namespaces {
+		ns = ns.DeepCopy()
+		ns.APIVersion, ns.Kind = "v1", "Namespace"
+		if err := write("ns-"+name+".yaml", ns); err != nil {
+			return n, err
+		}
+	}
+	for _, p := range st.Pods {
+		p = p.DeepCopy()
+		p.APIVersion, p.Kind = "v1", "Pod"
+		if err := write(fmt.Sprintf("pod-%s-%s.yaml", p.Namespace, p.Name), p); err != nil {
+			return n, err
+		}
+	}
+	for _, np := range st.Policies {
+		np = np.DeepCopy()
+		np.APIVersion, np.Kind = "networking.k8s.io/v1", "NetworkPolicy"
+		if err := write(fmt.Sprintf("np-%s-%s.yaml", np.Namespace, np.Name), np); err != nil {
+			return n, err
+		}
+	}
+	for name, node := range st.Nodes {
+		node = node.DeepCopy()
+		node.APIVersion, node.Kind = "v1", "Node"
+		if err := write("node-"+name+".yaml", node); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}

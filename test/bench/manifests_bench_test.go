@@ -23,42 +23,6 @@ import (
 // manifestsChanges is how many changes of each kind BenchmarkManifestsDirectory measures.
 const manifestsChanges = 30
 
-// writeObjectFiles writes the benchmark cluster as one YAML file per object (about 16,000
-// files), the layout of a directory that a tool keeps in step with a cluster object by object.
-func writeObjectFiles(b *testing.B, dir string) int {
-	st := synth.Generate(synth.Default())
-	write := func(name string, obj any) {
-		data, err := yaml.Marshal(obj)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for name, ns := range st.Namespaces {
-		ns = ns.DeepCopy()
-		ns.APIVersion, ns.Kind = "v1", "Namespace"
-		write("ns-"+name+".yaml", ns)
-	}
-	for _, p := range st.Pods {
-		p = p.DeepCopy()
-		p.APIVersion, p.Kind = "v1", "Pod"
-		write(fmt.Sprintf("pod-%s-%s.yaml", p.Namespace, p.Name), p)
-	}
-	for _, np := range st.Policies {
-		np = np.DeepCopy()
-		np.APIVersion, np.Kind = "networking.k8s.io/v1", "NetworkPolicy"
-		write(fmt.Sprintf("np-%s-%s.yaml", np.Namespace, np.Name), np)
-	}
-	for name, n := range st.Nodes {
-		n = n.DeepCopy()
-		n.APIVersion, n.Kind = "v1", "Node"
-		write("node-"+name+".yaml", n)
-	}
-	return len(st.Namespaces) + len(st.Pods) + len(st.Policies) + len(st.Nodes)
-}
-
 // BenchmarkManifestsDirectory runs the real agent binary on the benchmark cluster written as
 // one file per object, and measures from outside the agent:
 //   - the wall time of `agent --once` on that directory (cold start: load, compile, apply);
@@ -78,7 +42,10 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer sim.Close()
-	files := writeObjectFiles(b, sim.Dir)
+	files, err := synth.WriteObjectFiles(sim.Dir, synth.Generate(synth.Default()))
+	if err != nil {
+		b.Fatal(err)
+	}
 	base := synth.Generate(spec)
 	pod := base.Pods["ns-00001/pod-000001"].DeepCopy()
 	pod.APIVersion, pod.Kind = "v1", "Pod"

@@ -14,30 +14,8 @@ import (
 
 // writeSynth writes the benchmark cluster as one YAML file per object.
 func writeSynth(b *testing.B, dir string) {
-	st := synth.Generate(synth.Default())
-	write := func(name string, obj any) {
-		data, err := yaml.Marshal(obj)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for name, ns := range st.Namespaces {
-		ns = ns.DeepCopy()
-		ns.APIVersion, ns.Kind = "v1", "Namespace"
-		write("ns-"+name+".yaml", ns)
-	}
-	for _, p := range st.Pods {
-		p = p.DeepCopy()
-		p.APIVersion, p.Kind = "v1", "Pod"
-		write(fmt.Sprintf("pod-%s-%s.yaml", p.Namespace, p.Name), p)
-	}
-	for _, np := range st.Policies {
-		np = np.DeepCopy()
-		np.APIVersion, np.Kind = "networking.k8s.io/v1", "NetworkPolicy"
-		write(fmt.Sprintf("np-%s-%s.yaml", np.Namespace, np.Name), np)
+	if _, err := synth.WriteObjectFiles(dir, synth.Generate(synth.Default())); err != nil {
+		b.Fatal(err)
 	}
 }
 
