@@ -37,9 +37,9 @@ type masqLoop struct {
 	ready   atomic.Bool
 	// last is the desired state of the last successful sync; nil before the first one.
 	last *masquerade.Desired
-	// generation numbers the masquerade syncs, for Status: the Revision alone does not change
-	// when only the config file does.
-	generation atomic.Uint64
+	// generation numbers the successful masquerade syncs, for Status: the Revision alone does
+	// not change when only the config file does. Only the loop's goroutine touches it.
+	generation uint64
 	// warnedNoSources avoids repeating the same warning on every Node event.
 	warnedNoSources bool
 	metrics         *masqMetrics
@@ -143,10 +143,10 @@ func (l *masqLoop) desired() (*masquerade.Desired, masqInputs, error) {
 // applied records that the kernel holds the masquerade rules computed from in (or, with err,
 // that it could not be brought there).
 func (l *masqLoop) applied(in masqInputs, err error) {
-	var gen uint64
 	if err == nil {
-		gen = l.generation.Add(1)
+		l.generation++
 	}
+	gen := l.generation
 	l.a.status.update(&l.a.status.masq, func(fs *FeatureStatus) {
 		fs.ConfigRead, fs.ConfigError = in.config.ReadSum, ""
 		if in.config.Err != nil {
@@ -175,7 +175,7 @@ func (l *masqLoop) once(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.a.log.Info("masquerade synced", "backend", l.cfg.Backend.Name(), "generation", l.generation.Load()+1, "full", true, "operations", res.Operations)
+	l.a.log.Info("masquerade synced", "backend", l.cfg.Backend.Name(), "generation", l.generation+1, "full", true, "operations", res.Operations)
 	if err := l.cfg.Backend.Verify(ctx); err != nil {
 		return fmt.Errorf("kernel does not hold the desired masquerade state after sync: %w", err)
 	}
@@ -306,7 +306,7 @@ func (l *masqLoop) sync(ctx context.Context, full bool) error {
 		l.metrics.ranges.WithLabelValues("sources", name).Set(float64(len(d.Sources[fam])))
 		l.metrics.ranges.WithLabelValues("non-masquerade", name).Set(float64(len(d.NoMasquerade[fam])))
 	}
-	attrs := []any{"backend", l.cfg.Backend.Name(), "generation", l.generation.Load() + 1, "full", res.Full, "operations", res.Operations,
+	attrs := []any{"backend", l.cfg.Backend.Name(), "generation", l.generation+1, "full", res.Full, "operations", res.Operations,
 		"apply", time.Since(start).Round(time.Microsecond),
 		"sources", describeRanges(d.Sources), "nonMasqueradeRanges", len(d.NoMasquerade[0]) + len(d.NoMasquerade[1])}
 	if seen != 0 {

@@ -129,21 +129,8 @@ func explain(out io.Writer, st *cluster.State, src, dst endpoint, proto policy.P
 			}
 			families++
 			fmt.Fprintf(out, "%s (%s) -> %s (%s) %s:\n", src.name, sip, dst.name, dip, what)
-			egress, ingress := true, true
-			if src.pod {
-				j := rulesetOf(src.node).Judge(policy.Egress, sip, dip, proto, port)
-				egress = j.Allowed
-				fmt.Fprintf(out, "  egress:  %s\n", describe(j, src.name, dst.name, what))
-			} else {
-				fmt.Fprintf(out, "  egress:  allowed (%s is no pod: NetworkPolicy does not judge its egress)\n", src.name)
-			}
-			if dst.pod {
-				j := rulesetOf(dst.node).Judge(policy.Ingress, dip, sip, proto, port)
-				ingress = j.Allowed
-				fmt.Fprintf(out, "  ingress: %s\n", describe(j, dst.name, src.name, what))
-			} else {
-				fmt.Fprintf(out, "  ingress: allowed (%s is no pod: NetworkPolicy does not judge its ingress)\n", dst.name)
-			}
+			egress := judgeSide(out, rulesetOf, policy.Egress, src, dst, sip, dip, proto, port, what)
+			ingress := judgeSide(out, rulesetOf, policy.Ingress, dst, src, dip, sip, proto, port, what)
 			verdict := "allowed"
 			if !egress || !ingress {
 				verdict = "denied"
@@ -155,6 +142,20 @@ func explain(out io.Writer, st *cluster.State, src, dst endpoint, proto policy.P
 		return fmt.Errorf("%s and %s have no address family in common", src.name, dst.name)
 	}
 	return nil
+}
+
+// judgeSide prints and returns the verdict of direction dir at local (the pod whose side it is:
+// the source for egress, the destination for ingress) towards peer.
+func judgeSide(out io.Writer, rulesetOf func(node string) *policy.Ruleset, dir policy.Direction, local, peer endpoint,
+	localIP, peerIP netip.Addr, proto policy.Protocol, port uint16, what string) bool {
+	label := fmt.Sprintf("%s:", dir)
+	if !local.pod {
+		fmt.Fprintf(out, "  %-8s allowed (%s is no pod: NetworkPolicy does not judge its %s)\n", label, local.name, dir)
+		return true
+	}
+	j := rulesetOf(local.node).Judge(dir, localIP, peerIP, proto, port)
+	fmt.Fprintf(out, "  %-8s %s\n", label, describe(j, local.name, peer.name, what))
+	return j.Allowed
 }
 
 // describe words a judgement of the direction of local (the pod judged) towards peer.

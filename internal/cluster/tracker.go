@@ -96,6 +96,19 @@ func (t *Tracker) SetPolicy(key string, np *networkingv1.NetworkPolicy) {
 // SetNode stores node under its name, or removes name when node is nil.
 func (t *Tracker) SetNode(name string, node *corev1.Node) { put(t, &t.cur.Nodes, kindNode, name, node) }
 
+// writable returns *m ready to be written: copied first when a snapshot also holds it (shared),
+// made when nil. The copy on write keeps every published Revision unchanged.
+func writable[V any](m *map[string]V, shared *bool) map[string]V {
+	if *shared || *m == nil {
+		*m = maps.Clone(*m)
+		if *m == nil {
+			*m = map[string]V{}
+		}
+		*shared = false
+	}
+	return *m
+}
+
 // SeenResourceVersion records that the events of resource up to resourceVersion rv have been
 // delivered (see Revision.ResourceVersions); it never moves backwards, as a relist delivers
 // objects with older versions again.
@@ -105,14 +118,7 @@ func (t *Tracker) SeenResourceVersion(resource string, rv uint64) {
 	if rv <= t.cur.Revision.ResourceVersions[resource] {
 		return
 	}
-	if t.rvShared || t.cur.Revision.ResourceVersions == nil {
-		t.cur.Revision.ResourceVersions = maps.Clone(t.cur.Revision.ResourceVersions)
-		if t.cur.Revision.ResourceVersions == nil {
-			t.cur.Revision.ResourceVersions = map[string]uint64{}
-		}
-		t.rvShared = false
-	}
-	t.cur.Revision.ResourceVersions[resource] = rv
+	writable(&t.cur.Revision.ResourceVersions, &t.rvShared)[resource] = rv
 	t.revisionChanged = true
 }
 
@@ -125,17 +131,11 @@ func (t *Tracker) SetFile(name, sum string) {
 		return
 	}
 	// One copy per snapshot, not per file: a reload that reads many files pays it once.
-	if t.filesShared || t.cur.Revision.Files == nil {
-		t.cur.Revision.Files = maps.Clone(t.cur.Revision.Files)
-		if t.cur.Revision.Files == nil {
-			t.cur.Revision.Files = map[string]string{}
-		}
-		t.filesShared = false
-	}
+	files := writable(&t.cur.Revision.Files, &t.filesShared)
 	if sum == "" {
-		delete(t.cur.Revision.Files, name)
+		delete(files, name)
 	} else {
-		t.cur.Revision.Files[name] = sum
+		files[name] = sum
 	}
 	t.revisionChanged = true
 }

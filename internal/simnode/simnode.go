@@ -376,30 +376,27 @@ func (s *Sim) Applied(st agent.Status) bool {
 // contents (name to ContentHash; "" for a removed file). A feature that has not synced yet
 // covers nothing.
 func Covers(st agent.Status, files map[string]string) bool {
-	for _, fs := range []*agent.FeatureStatus{st.NetworkPolicy, st.Masquerade} {
-		if fs == nil {
-			continue
-		}
-		if fs.Generation == 0 {
-			return false
-		}
+	return everyFeature(st, func(fs *agent.FeatureStatus) bool {
 		for name, want := range files {
 			if fs.Revision.Files[name] != want {
 				return false
 			}
 		}
-	}
-	return st.NetworkPolicy != nil || st.Masquerade != nil
+		return true
+	})
 }
 
 // CoversResource reports whether each feature in st has applied a state holding the write of
 // resource at resourceVersion rv (the API source).
 func CoversResource(st agent.Status, resource string, rv uint64) bool {
+	return everyFeature(st, func(fs *agent.FeatureStatus) bool { return fs.Revision.Covers(resource, rv) })
+}
+
+// everyFeature reports whether st has an enabled feature and every enabled one has synced and
+// passes applied.
+func everyFeature(st agent.Status, applied func(*agent.FeatureStatus) bool) bool {
 	for _, fs := range []*agent.FeatureStatus{st.NetworkPolicy, st.Masquerade} {
-		if fs == nil {
-			continue
-		}
-		if fs.Generation == 0 || !fs.Revision.Covers(resource, rv) {
+		if fs != nil && (fs.Generation == 0 || !applied(fs)) {
 			return false
 		}
 	}

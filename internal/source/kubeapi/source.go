@@ -49,11 +49,10 @@ type namedInformer struct {
 	events   kindHandler
 }
 
-// kindHandler keeps the Tracker in step with one informer's events. Each returns whether the
-// state changed.
+// kindHandler keeps the Tracker in step with one informer's events.
 type kindHandler struct {
-	upsert func(obj any) bool
-	remove func(obj any) bool
+	upsert func(obj any)
+	remove func(obj any)
 	// seen records the resourceVersion of an event's object, changed or not, so that the
 	// applied Revision covers every write a client made (see cluster.Revision).
 	seen func(obj any)
@@ -72,30 +71,26 @@ func handler[T any, PT interface {
 		return obj.GetName()
 	}
 	return kindHandler{
-		upsert: func(o any) bool {
+		upsert: func(o any) {
 			obj, ok := o.(PT)
 			if !ok {
-				return false
+				return
 			}
 			if errs := validate(obj); len(errs) > 0 {
 				s.logger.Error("ignoring invalid object from the Kubernetes API", "kind", kind, "key", key(obj), "errors", errs.ToAggregate().Error())
 				set(key(obj), nil)
-				return true
+				return
 			}
 			set(key(obj), obj)
-			return true
 		},
-		remove: func(o any) bool {
+		remove: func(o any) {
 			switch obj := o.(type) {
 			case PT:
 				set(key(obj), nil)
 			case cache.DeletedFinalStateUnknown:
 				// The watch missed the delete; the tombstone's key is namespace/name, as ours.
 				set(obj.Key, nil)
-			default:
-				return false
 			}
-			return true
 		},
 		seen: func(o any) {
 			// A delete's object carries the resourceVersion of the delete itself; a
