@@ -306,7 +306,7 @@ func (l *masqLoop) sync(ctx context.Context, full bool) error {
 		l.metrics.ranges.WithLabelValues("sources", name).Set(float64(len(d.Sources[fam])))
 		l.metrics.ranges.WithLabelValues("non-masquerade", name).Set(float64(len(d.NoMasquerade[fam])))
 	}
-	attrs := []any{"backend", l.cfg.Backend.Name(), "generation", l.generation+1, "full", res.Full, "operations", res.Operations,
+	attrs := []any{"backend", l.cfg.Backend.Name(), "generation", l.generation + 1, "full", res.Full, "operations", res.Operations,
 		"apply", time.Since(start).Round(time.Microsecond),
 		"sources", describeRanges(d.Sources), "nonMasqueradeRanges", len(d.NoMasquerade[0]) + len(d.NoMasquerade[1])}
 	if seen != 0 {
