@@ -272,8 +272,11 @@ func (a *Agent) policyLoop(ctx context.Context) error {
 					a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Repairs++ })
 				}
 				full, backoff, repairing = false, 0, false
-				if !a.ready.Swap(true) {
+				if !a.ready.Load() {
+					// Ready (on /readyz and /status) only once the other backends' rules are
+					// gone too, as the "ready" log line always said.
 					a.retire("network policy", a.cfg.RetireOtherPolicyBackends, ctx)
+					a.ready.Store(true)
 					a.logReady()
 				}
 				if compactor != nil && compactor.CompactionPending() {

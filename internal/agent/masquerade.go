@@ -230,8 +230,11 @@ func (l *masqLoop) run(ctx context.Context) error {
 					l.a.status.update(&l.a.status.masq, func(fs *FeatureStatus) { fs.Repairs++ })
 				}
 				full, backoff, repairing = false, 0, false
-				if !l.ready.Swap(true) {
+				if !l.ready.Load() {
+					// Ready (on /readyz and /status) only once the other backends' rules are
+					// gone too, as the "ready" log line always said.
 					l.a.retire("masquerade", l.cfg.RetireOthers, ctx)
+					l.ready.Store(true)
 					l.a.logReady()
 				}
 			}
