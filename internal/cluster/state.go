@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
 // State is an immutable snapshot of the objects the agent uses. Maps are keyed by name for
@@ -19,6 +20,9 @@ type State struct {
 	Pods       map[string]*corev1.Pod
 	Policies   map[string]*networkingv1.NetworkPolicy
 	Nodes      map[string]*corev1.Node
+	// ClusterPolicies holds the ClusterNetworkPolicies (policy.networking.k8s.io, both tiers)
+	// by name. Sources convert every served version to v1beta1.
+	ClusterPolicies map[string]*npav1beta1.ClusterNetworkPolicy
 
 	// Generation numbers the snapshots of a Tracker; 0 means unnumbered. Numbers are unique
 	// within the process, so a consumer fed by two trackers is never misled.
@@ -34,8 +38,8 @@ type State struct {
 // Changes lists the keys, per map, whose entries may differ from those of an earlier
 // snapshot. Every key not listed maps to the same object pointer in both snapshots.
 type Changes struct {
-	Since                             uint64
-	Namespaces, Pods, Policies, Nodes []string
+	Since                                              uint64
+	Namespaces, Pods, Policies, Nodes, ClusterPolicies []string
 }
 
 // NewState returns an empty state with all maps allocated.
@@ -45,6 +49,8 @@ func NewState() *State {
 		Pods:       map[string]*corev1.Pod{},
 		Policies:   map[string]*networkingv1.NetworkPolicy{},
 		Nodes:      map[string]*corev1.Node{},
+
+		ClusterPolicies: map[string]*npav1beta1.ClusterNetworkPolicy{},
 	}
 }
 
@@ -80,7 +86,9 @@ func (s *State) Clone() *State {
 		Pods:       cloneMap(s.Pods),
 		Policies:   cloneMap(s.Policies),
 		Nodes:      cloneMap(s.Nodes),
-		Revision:   s.Revision,
+
+		ClusterPolicies: cloneMap(s.ClusterPolicies),
+		Revision:        s.Revision,
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
 // generations numbers snapshots across every Tracker of the process.
@@ -20,10 +21,10 @@ var generations atomic.Uint64
 type Tracker struct {
 	mu    sync.Mutex
 	cur   State
-	dirty [4]map[string]struct{} // keys changed since last, per kind
+	dirty [5]map[string]struct{} // keys changed since last, per kind
 	// shared marks the maps of cur that last also holds; they are copied before the next
 	// change (copy on write), so a snapshot copies only the kinds that changed.
-	shared [4]bool
+	shared [5]bool
 	last   *State
 	// revisionChanged: the Revision moved without any object changing (an update of fields
 	// the agent does not keep). It still makes a new snapshot, so that a writer waiting for
@@ -40,6 +41,7 @@ const (
 	kindPod
 	kindPolicy
 	kindNode
+	kindClusterPolicy
 )
 
 // NewTracker returns an empty Tracker.
@@ -95,6 +97,11 @@ func (t *Tracker) SetPolicy(key string, np *networkingv1.NetworkPolicy) {
 
 // SetNode stores node under its name, or removes name when node is nil.
 func (t *Tracker) SetNode(name string, node *corev1.Node) { put(t, &t.cur.Nodes, kindNode, name, node) }
+
+// SetClusterPolicy stores cnp under its name, or removes name when cnp is nil.
+func (t *Tracker) SetClusterPolicy(name string, cnp *npav1beta1.ClusterNetworkPolicy) {
+	put(t, &t.cur.ClusterPolicies, kindClusterPolicy, name, cnp)
+}
 
 // writable returns *m ready to be written: copied first when a snapshot also holds it (shared),
 // made when nil. The copy on write keeps every published Revision unchanged.
@@ -161,8 +168,8 @@ func (t *Tracker) Snapshot() *State {
 		return t.last
 	}
 	st := &State{Namespaces: t.cur.Namespaces, Pods: t.cur.Pods, Policies: t.cur.Policies, Nodes: t.cur.Nodes,
-		Generation: generations.Add(1), Revision: t.cur.Revision}
-	t.shared = [4]bool{true, true, true, true}
+		ClusterPolicies: t.cur.ClusterPolicies, Generation: generations.Add(1), Revision: t.cur.Revision}
+	t.shared = [5]bool{true, true, true, true, true}
 	t.rvShared, t.filesShared, t.revisionChanged = true, true, false
 	if t.last != nil {
 		st.Changes = &Changes{
@@ -171,6 +178,8 @@ func (t *Tracker) Snapshot() *State {
 			Pods:       sortedSet(t.dirty[kindPod]),
 			Policies:   sortedSet(t.dirty[kindPolicy]),
 			Nodes:      sortedSet(t.dirty[kindNode]),
+
+			ClusterPolicies: sortedSet(t.dirty[kindClusterPolicy]),
 		}
 	}
 	for _, d := range t.dirty {
@@ -211,6 +220,8 @@ func NumberAfter(st, prev *State) {
 		Pods:       changedKeys(prev.Pods, st.Pods),
 		Policies:   changedKeys(prev.Policies, st.Policies),
 		Nodes:      changedKeys(prev.Nodes, st.Nodes),
+
+		ClusterPolicies: changedKeys(prev.ClusterPolicies, st.ClusterPolicies),
 	}
 }
 

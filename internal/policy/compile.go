@@ -96,7 +96,7 @@ func (cc *Compiler) Unchanged(st *cluster.State) bool {
 	}
 	ch := st.Changes
 	if ch == nil || cc.gen == 0 || ch.Since != cc.gen ||
-		len(ch.Namespaces)+len(ch.Pods)+len(ch.Policies)+len(ch.Nodes) > 0 {
+		len(ch.Namespaces)+len(ch.Pods)+len(ch.Policies)+len(ch.Nodes)+len(ch.ClusterPolicies) > 0 {
 		return false
 	}
 	cc.gen = st.Generation

@@ -44,6 +44,66 @@ type Ruleset struct {
 	// NamedPortSets holds, for a (port name, protocol), every destination pod IP and the port
 	// number that name resolves to on that pod.
 	NamedPortSets map[string]*NamedPortSet
+
+	// Admin and Baseline are the two tiers of ClusterNetworkPolicy, judged before and after
+	// NetworkPolicy: Admin, then NetworkPolicy (Dispatch/Groups), then Baseline, then allow.
+	Admin, Baseline Tier
+	// ClusterPolicies holds, by chain name, one direction of each ClusterNetworkPolicy that
+	// selects at least one local pod. Its peers name AddrSets, CIDRSets and NamedPortSets
+	// like those of NetworkPolicies (identical selectors share a set).
+	ClusterPolicies map[string]*ClusterPolicyRules
+}
+
+// Tier is the dispatch of one ClusterNetworkPolicy tier: for each local pod IP a subject of
+// the tier's policies, per direction, the group judging it. A pod IP absent from a
+// direction's map is judged by no policy of the tier in that direction.
+type Tier struct {
+	Dispatch map[Direction]map[netip.Addr]string
+	// Groups lists, for each group name, the ClusterPolicies chains that select its pods, in
+	// the order they are judged: ascending priority, then name. The first rule of the first
+	// policy that matches a packet decides.
+	Groups map[string]Group
+}
+
+// TierName is which of the two tiers a ClusterNetworkPolicy belongs to.
+type TierName string
+
+const (
+	AdminTier    TierName = "admin"
+	BaselineTier TierName = "baseline"
+)
+
+// Action is what a matching ClusterNetworkPolicy rule does with a packet.
+type Action string
+
+const (
+	// Accept allows the packet in this direction: later policies, NetworkPolicy and the
+	// Baseline tier are not consulted.
+	Accept Action = "accept"
+	// Deny drops the packet (never rejects: a denied connection times out).
+	Deny Action = "deny"
+	// Pass skips the rest of the tier: Admin passes to NetworkPolicy, Baseline to allow.
+	Pass Action = "pass"
+)
+
+// ClusterPolicyRules are one ClusterNetworkPolicy's rules for one direction, in order.
+type ClusterPolicyRules struct {
+	Tier      TierName
+	Direction Direction
+	Source    string // the ClusterNetworkPolicy's name, for comments and logs
+	Priority  int32
+	Rules     []ClusterRule
+}
+
+// ClusterRule is one rule of a ClusterNetworkPolicy: it matches when any of its peers and any
+// of its ports match, with the same conventions as Rule (an empty Peers list is any peer, an
+// empty Ports list any port and protocol). A rule that can match nothing (a peer of no field
+// this agent knows, under Accept) is left out by the compiler.
+type ClusterRule struct {
+	Name   string // the rule's name in the object, may be empty
+	Action Action
+	Peers  []Peer
+	Ports  []PortMatch
 }
 
 // The values behind the pointers in a Ruleset are never modified once published: a compile
@@ -125,5 +185,21 @@ func NewRuleset() *Ruleset {
 		AddrSets:      map[string]*AddrSet{},
 		CIDRSets:      map[string]*CIDRSet{},
 		NamedPortSets: map[string]*NamedPortSet{},
+
+		Admin:           newTier(),
+		Baseline:        newTier(),
+		ClusterPolicies: map[string]*ClusterPolicyRules{},
 	}
+}
+
+func newTier() Tier {
+	return Tier{Dispatch: map[Direction]map[netip.Addr]string{Ingress: {}, Egress: {}}, Groups: map[string]Group{}}
+}
+
+// Tier returns the tier named n.
+func (rs *Ruleset) Tier(n TierName) *Tier {
+	if n == AdminTier {
+		return &rs.Admin
+	}
+	return &rs.Baseline
 }
