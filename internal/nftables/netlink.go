@@ -232,6 +232,8 @@ func (r ruleSpec) exprs() []expr.Any {
 	switch {
 	case r.jump != "":
 		e = append(e, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.jump})
+	case r.gotoTo != "":
+		e = append(e, &expr.Verdict{Kind: expr.VerdictGoto, Chain: r.gotoTo})
 	case r.drop:
 		e = append(e, &expr.Verdict{Kind: expr.VerdictDrop})
 	default:

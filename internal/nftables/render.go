@@ -9,6 +9,9 @@
 //	in/<ns>/<name>-v4, -v6, out/<ns>/<name>-v4, -v6  one policy's allow rules for one IP
 //	                  family, each ending in accept
 //
+// Each base chain judges in three stages: the admin tier of ClusterNetworkPolicy, then
+// NetworkPolicy, then the baseline tier (see tiers.go), each a verdict map lookup by pod.
+//
 // Egress and ingress live at different hooks, so an accept of one never skips the other.
 // Per packet, the work is one map lookup per direction plus the rules of the policies that
 // select that pod, and only those of the packet's IP family: the dispatch maps are per family,
@@ -138,6 +141,9 @@ type renderCache struct {
 	namedSets map[*policy.NamedPortSet][2]*set
 	cidrSets  map[*policy.CIDRSet]*set
 	policies  map[*policy.PolicyRules][2]*chain
+
+	tierGroups      map[string]renderedGroup
+	clusterPolicies map[*policy.ClusterPolicyRules][2]*chain
 }
 
 // renderedGroup is a group's chains (IPv4, IPv6) with the policies they were rendered from.
@@ -154,6 +160,9 @@ func newRenderCache(prev renderCache) renderCache {
 		namedSets: make(map[*policy.NamedPortSet][2]*set, len(prev.namedSets)),
 		cidrSets:  make(map[*policy.CIDRSet]*set, len(prev.cidrSets)),
 		policies:  make(map[*policy.PolicyRules][2]*chain, len(prev.policies)),
+
+		tierGroups:      make(map[string]renderedGroup, len(prev.tierGroups)),
+		clusterPolicies: make(map[*policy.ClusterPolicyRules][2]*chain, len(prev.clusterPolicies)),
 	}
 }
 
@@ -194,17 +203,14 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	// address is already its endpoint. Ingress is judged on the way to a pod.
 	r.Chains[chainPreroutingEgress] = &chain{
 		base: baseChain(chainPreroutingEgress, knftables.PreroutingHook, "filter"),
-		rules: append(prelude[:2:2],
-			"ip saddr vmap @"+dispatchMap(policy.Egress, false),
-			"ip6 saddr vmap @"+dispatchMap(policy.Egress, true)),
+		rules: append(prelude[:2:2], stages(policy.Egress)...),
 	}
 	r.Chains[chainForwardIngress] = &chain{
 		base: baseChain(chainForwardIngress, knftables.ForwardHook, "filter"),
-		rules: append(prelude[:2:2],
-			"ip daddr vmap @"+dispatchMap(policy.Ingress, false),
-			"ip6 daddr vmap @"+dispatchMap(policy.Ingress, true)),
+		rules: append(prelude[:2:2], stages(policy.Ingress)...),
 	}
 
+	rd.renderTiers(rs, r)
 	for name, g := range rs.Groups {
 		rg, ok := rd.prev.groups[name]
 		if !ok || !slices.Equal(rg.policies, g.Policies) {
@@ -347,7 +353,8 @@ type ruleSpec struct {
 	proto    policy.Protocol // "" matches every protocol
 	ports    policy.PortRange
 	namedSet string // destination address . port lookup
-	jump     string // verdict: jump to this chain; else drop when drop, else accept
+	jump     string // verdict: jump to this chain; else goto gotoTo; else drop when drop, else accept
+	gotoTo   string
 	drop     bool
 }
 
@@ -368,6 +375,8 @@ func (r ruleSpec) text() string {
 	switch {
 	case r.jump != "":
 		parts = append(parts, "jump "+r.jump)
+	case r.gotoTo != "":
+		parts = append(parts, "goto "+r.gotoTo)
 	case r.drop:
 		parts = append(parts, "drop")
 	default:
@@ -408,40 +417,46 @@ func policyChains(p *policy.PolicyRules) [2]*chain {
 // policyRules expands each policy rule into nft rules: one per peer, port range and IP family.
 // Any one of them accepting means the policy allows.
 func policyRules(p *policy.PolicyRules) []ruleSpec {
-	peerAddr := "saddr"
-	if p.Direction == policy.Egress {
-		peerAddr = "daddr"
-	}
 	var out []ruleSpec
 	for _, rule := range p.Rules {
-		peers := rule.Peers
-		if len(peers) == 0 {
-			peers = []policy.Peer{{}}
-		}
-		ports := rule.Ports
-		if len(ports) == 0 {
-			ports = []policy.PortMatch{{}}
-		}
-		for _, peer := range peers {
-			for _, port := range ports {
-				ranges := port.Ranges
-				if len(ranges) == 0 {
-					ranges = []policy.PortRange{{}}
-				}
-				for _, v6 := range families(peer) {
-					for _, pr := range ranges {
-						sp := ruleSpec{v6: v6, proto: port.Protocol, ports: pr}
-						switch {
-						case peer.AddrSet != "":
-							sp.peerAddr, sp.peerSet = peerAddr, peer.AddrSet+famSuffix(v6)
-						case peer.CIDRSet != "":
-							sp.peerAddr, sp.peerSet = peerAddr, peer.CIDRSet
-						}
-						if port.NamedPortSet != "" {
-							sp.namedSet = port.NamedPortSet + famSuffix(v6)
-						}
-						out = append(out, sp)
+		out = expandRule(out, p.Direction, rule.Peers, rule.Ports, ruleSpec{})
+	}
+	return out
+}
+
+// expandRule appends the nft rules of one model rule, each ending in verdict's verdict: one
+// per peer, port range and IP family.
+func expandRule(out []ruleSpec, dir policy.Direction, peers []policy.Peer, ports []policy.PortMatch, verdict ruleSpec) []ruleSpec {
+	peerAddr := "saddr"
+	if dir == policy.Egress {
+		peerAddr = "daddr"
+	}
+	if len(peers) == 0 {
+		peers = []policy.Peer{{}}
+	}
+	if len(ports) == 0 {
+		ports = []policy.PortMatch{{}}
+	}
+	for _, peer := range peers {
+		for _, port := range ports {
+			ranges := port.Ranges
+			if len(ranges) == 0 {
+				ranges = []policy.PortRange{{}}
+			}
+			for _, v6 := range families(peer) {
+				for _, pr := range ranges {
+					sp := verdict
+					sp.v6, sp.proto, sp.ports = v6, port.Protocol, pr
+					switch {
+					case peer.AddrSet != "":
+						sp.peerAddr, sp.peerSet = peerAddr, peer.AddrSet+famSuffix(v6)
+					case peer.CIDRSet != "":
+						sp.peerAddr, sp.peerSet = peerAddr, peer.CIDRSet
 					}
+					if port.NamedPortSet != "" {
+						sp.namedSet = port.NamedPortSet + famSuffix(v6)
+					}
+					out = append(out, sp)
 				}
 			}
 		}

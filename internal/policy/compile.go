@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 )
@@ -24,6 +25,8 @@ type Stats struct {
 	PoliciesSelecting int // policies that select at least one local pod
 	ChangedPods       int // pods added, changed or removed since the previous compile
 	RecomputedSets    int // peer sets computed from scratch rather than updated by delta
+
+	ClusterPoliciesSelecting int // ClusterNetworkPolicies that select at least one local pod
 }
 
 // Compiler compiles successive snapshots for one node. It is level-triggered: the result
@@ -52,6 +55,12 @@ type Compiler struct {
 	addrSets  map[string]*addrSetState
 	namedSets map[string]*namedSetState
 	cidrSets  map[string]*CIDRSet
+
+	clusterPolicies map[*npav1beta1.ClusterNetworkPolicy]*compiledClusterPolicy
+	nodeSets        map[string]*AddrSet // node peer sets of the previous compile
+	// localGen counts changes to the local pods or to namespace labels, which invalidate the
+	// cached subjects of ClusterNetworkPolicies. It starts at 1: 0 marks no cached subject.
+	localGen uint64
 }
 
 // NewCompiler returns a Compiler for node.
@@ -71,7 +80,20 @@ func NewCompiler(node string) *Compiler {
 		addrSets:  map[string]*addrSetState{},
 		namedSets: map[string]*namedSetState{},
 		cidrSets:  map[string]*CIDRSet{},
+		localGen:  1,
 	}
+}
+
+// localChanged reports whether any change concerns a pod of this node.
+func (cc *Compiler) localChanged(changes []podChange) bool {
+	for _, c := range changes {
+		for _, pi := range [2]*podInfo{c.old, c.new} {
+			if pi != nil && pi.pod.Spec.NodeName == cc.node {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Compile computes the desired Ruleset for the pods on node with a fresh Compiler.
@@ -125,6 +147,9 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 	}
 	cc.gen = st.Generation
 	stats.ChangedPods = len(changes)
+	if nsChanged || cc.localChanged(changes) {
+		cc.localGen++
+	}
 
 	rs := NewRuleset()
 	if l := cc.last; l != nil {
@@ -206,34 +231,42 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 	cc.policies = usedPolicies
 	stats.IsolatedPods = len(isolated)
 
-	stats.RecomputedSets = cc.updateSets(rs, addrDefs, namedDefs, changes, nsChanged)
-
 	for dir, byPod := range selecting {
-		owner := map[netip.Addr]bool{}
-		pods := make([]string, 0, len(byPod))
-		for pk := range byPod {
-			pods = append(pods, pk)
-		}
-		sort.Strings(pods)
-		for _, pk := range pods {
-			chains := byPod[pk]
+		cc.dispatch(rs.Dispatch[dir], rs.Groups, byPod, func(chains []string) (string, Group) {
 			sort.Strings(chains)
-			name := groupName(dir, chains)
-			if _, ok := rs.Groups[name]; !ok {
-				rs.Groups[name] = Group{Direction: dir, Policies: chains}
+			return groupName(dir, chains), Group{Direction: dir, Policies: chains}
+		})
+	}
+	cc.compileClusterPolicies(st, rs, &stats, addrDefs, namedDefs)
+	stats.RecomputedSets = cc.updateSets(rs, addrDefs, namedDefs, changes, nsChanged)
+	return rs, stats
+}
+
+// dispatch maps the IPs of each local pod in byPod (pod key -> the chains judging it) to the
+// group of those chains, which group names and defines.
+func (cc *Compiler) dispatch(into map[netip.Addr]string, groups map[string]Group, byPod map[string][]string,
+	group func(chains []string) (string, Group)) {
+	owner := make(map[netip.Addr]bool, len(byPod))
+	pods := make([]string, 0, len(byPod))
+	for pk := range byPod {
+		pods = append(pods, pk)
+	}
+	sort.Strings(pods)
+	for _, pk := range pods {
+		name, g := group(byPod[pk])
+		if _, ok := groups[name]; !ok {
+			groups[name] = g
+		}
+		for _, ip := range cc.local[pk].ips {
+			// Two live pods claiming one IP is a transient state (IP reuse); the pod
+			// key order makes the winner deterministic until the stale pod goes away.
+			if owner[ip] {
+				continue
 			}
-			for _, ip := range cc.local[pk].ips {
-				// Two live pods claiming one IP is a transient state (IP reuse); the pod
-				// key order makes the winner deterministic until the stale pod goes away.
-				if owner[ip] {
-					continue
-				}
-				owner[ip] = true
-				rs.Dispatch[dir][ip] = name
-			}
+			owner[ip] = true
+			into[ip] = name
 		}
 	}
-	return rs, stats
 }
 
 // diffPods brings the compiler's pod view up to st and returns what changed.
@@ -675,3 +708,15 @@ func shortHash(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return b32.EncodeToString(sum[:8])[:12]
 }
+
+func intOrString(n int32) *intstr.IntOrString {
+	v := intstr.FromInt32(n)
+	return &v
+}
+
+func namedPort(name string) *intstr.IntOrString {
+	v := intstr.FromString(name)
+	return &v
+}
+
+func labelsOf(m map[string]string) labels.Set { return labels.Set(m) }

@@ -10,6 +10,9 @@ import (
 // the kernel takes from the rules rendered from it, with the objects that take it.
 type Judgement struct {
 	Direction Direction
+	// Admin and Baseline say what each ClusterNetworkPolicy tier did; nil when no policy of
+	// the tier selects the local pod in Direction, or when an earlier stage decided.
+	Admin, Baseline *TierJudgement
 	// Isolated: a policy selects the local pod in this direction, so only its rules admit.
 	Isolated bool
 	// Selecting are the policies ("namespace/name") that select the local pod in Direction.
@@ -21,20 +24,76 @@ type Judgement struct {
 	Rule      int
 }
 
+// TierJudgement is how one ClusterNetworkPolicy tier judged a connection.
+type TierJudgement struct {
+	// Selecting are the tier's policies that select the local pod, in judging order.
+	Selecting []string
+	// Policy, Rule and RuleName identify the first rule that matched; Policy is empty when
+	// none did, and Action is then Pass (the tier has nothing to say).
+	Policy   string
+	Rule     int
+	RuleName string
+	Action   Action
+}
+
 // Judge decides direction dir of a connection for the local pod address local: for ingress
 // local is the destination and peer the source, for egress local is the source and peer the
-// destination. proto and port are the destination's.
+// destination. proto and port are the destination's. The stages are those of the kernel: the
+// admin tier, NetworkPolicy, the baseline tier, allow.
 func (rs *Ruleset) Judge(dir Direction, local, peer netip.Addr, proto Protocol, port uint16) Judgement {
 	j := Judgement{Direction: dir, Allowed: true}
+	dst := local
+	if dir == Egress {
+		dst = peer
+	}
+	if j.Admin = rs.judgeTier(&rs.Admin, dir, local, peer, dst, proto, port); j.Admin != nil && j.Admin.Action != Pass {
+		j.Allowed = j.Admin.Action == Accept
+		return j
+	}
+	j = rs.judgeNetworkPolicy(j, local, peer, dst, proto, port)
+	if j.Isolated {
+		return j
+	}
+	if j.Baseline = rs.judgeTier(&rs.Baseline, dir, local, peer, dst, proto, port); j.Baseline != nil {
+		j.Allowed = j.Baseline.Action != Deny
+	}
+	return j
+}
+
+// judgeTier walks the policies of a tier selecting local in order; nil when none selects it.
+func (rs *Ruleset) judgeTier(t *Tier, dir Direction, local, peer, dst netip.Addr, proto Protocol, port uint16) *TierJudgement {
+	group, ok := t.Dispatch[dir][local]
+	if !ok {
+		return nil
+	}
+	tj := &TierJudgement{Action: Pass}
+	for _, chain := range t.Groups[group].Policies {
+		cp := rs.ClusterPolicies[chain]
+		if cp == nil {
+			continue
+		}
+		tj.Selecting = append(tj.Selecting, cp.Source)
+		if tj.Policy != "" {
+			continue
+		}
+		for _, r := range cp.Rules {
+			if rs.peerMatches(r.Peers, peer) && rs.portMatches(r.Ports, dst, proto, port) {
+				tj.Policy, tj.Rule, tj.RuleName, tj.Action = cp.Source, r.Index, r.Name, r.Action
+				break
+			}
+		}
+	}
+	return tj
+}
+
+// judgeNetworkPolicy is the NetworkPolicy stage of Judge.
+func (rs *Ruleset) judgeNetworkPolicy(j Judgement, local, peer, dst netip.Addr, proto Protocol, port uint16) Judgement {
+	dir := j.Direction
 	group, ok := rs.Dispatch[dir][local]
 	if !ok {
 		return j
 	}
 	j.Isolated, j.Allowed = true, false
-	dst := local
-	if dir == Egress {
-		dst = peer
-	}
 	chains := slices.Clone(rs.Groups[group].Policies)
 	// Policies judge in name order, as the group lists them by chain name; sort by the source
 	// policy so that "first" means the same thing to a reader.

@@ -101,6 +101,7 @@ type ClusterPolicyRules struct {
 // this agent knows, under Accept) is left out by the compiler.
 type ClusterRule struct {
 	Name   string // the rule's name in the object, may be empty
+	Index  int    // the rule's position among the object's rules of this direction
 	Action Action
 	Peers  []Peer
 	Ports  []PortMatch

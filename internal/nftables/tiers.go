@@ -1,0 +1,160 @@
+package nftables
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+// The ClusterNetworkPolicy tiers, around the NetworkPolicy dispatch of each base chain:
+//
+//	tier-admin-in-v4 ...            ip daddr vmap: local pod -> admin-grp-ingress-<hash>-v4
+//	admin-grp-<dir>-<hash>-v4       jump to each selecting policy's chain, in judging order
+//	admin-in/<name>-v4 ...          the policy's rules in order: accept, drop, or
+//	                                goto admin-pass-in-v4 (Pass)
+//	admin-pass-in-v4                the NetworkPolicy and baseline lookups again, then accept
+//	baseline-grp-..., baseline-in/<name>-v4   the same for the baseline tier; Pass accepts
+//
+// A group chain that finds no matching rule returns to the base chain, which goes on to the
+// next stage. An Accept is final for its direction only, because the directions are judged at
+// different hooks. Pass must skip the rest of the tier from inside a policy chain, two calls
+// deep, which a return cannot do: it jumps with goto to a chain holding the rest of the base
+// chain, and that chain always ends in a verdict, so nothing returns to the tier. The per-packet
+// work is one lookup per tier and the rules of the policies selecting that pod.
+
+var tiers = []policy.TierName{policy.AdminTier, policy.BaselineTier}
+
+// tierMap names the verdict map dispatching one tier, direction and family.
+func tierMap(tier policy.TierName, dir policy.Direction, v6 bool) string {
+	d := "-in"
+	if dir == policy.Egress {
+		d = "-out"
+	}
+	return "tier-" + string(tier) + d + famSuffix(v6)
+}
+
+// passChain names the chain an admin Pass continues in.
+func passChain(dir policy.Direction, v6 bool) string {
+	d := "-in"
+	if dir == policy.Egress {
+		d = "-out"
+	}
+	return "admin-pass" + d + famSuffix(v6)
+}
+
+// lookups are the vmap rules of one stage (a tier or NetworkPolicy) in a base chain.
+func lookups(dir policy.Direction, mapName func(v6 bool) string) []string {
+	key := "daddr"
+	if dir == policy.Egress {
+		key = "saddr"
+	}
+	return []string{
+		fmt.Sprintf("ip %s vmap @%s", key, mapName(false)),
+		fmt.Sprintf("ip6 %s vmap @%s", key, mapName(true)),
+	}
+}
+
+// stages returns the judging rules of a direction's base chain after its prelude: the admin
+// tier, NetworkPolicy, the baseline tier.
+func stages(dir policy.Direction) []string {
+	var out []string
+	out = append(out, lookups(dir, func(v6 bool) string { return tierMap(policy.AdminTier, dir, v6) })...)
+	out = append(out, lookups(dir, func(v6 bool) string { return dispatchMap(dir, v6) })...)
+	return append(out, lookups(dir, func(v6 bool) string { return tierMap(policy.BaselineTier, dir, v6) })...)
+}
+
+// renderTiers adds the tiers' maps and chains to r.
+func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
+	for _, tier := range tiers {
+		t := rs.Tier(tier)
+		for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+			for _, v6 := range []bool{false, true} {
+				typ := "ipv4_addr : verdict"
+				if v6 {
+					typ = "ipv6_addr : verdict"
+				}
+				elems := map[string]string{}
+				for ip, grp := range t.Dispatch[dir] {
+					if ip.Is6() == v6 {
+						elems[ip.String()] = "jump " + familyChain(grp, v6)
+					}
+				}
+				m := newSet(typ, fmt.Sprintf("local pods subject to %s ClusterNetworkPolicy for %s -> the group judging them", tier, dir), elems)
+				m.isMap = true
+				r.Sets[tierMap(tier, dir, v6)] = m
+			}
+		}
+		for name, g := range t.Groups {
+			rg, ok := rd.prev.tierGroups[name]
+			if !ok || !slices.Equal(rg.policies, g.Policies) {
+				rg = renderedGroup{policies: g.Policies}
+				for fam, v6 := range []bool{false, true} {
+					specs := make([]ruleSpec, 0, len(g.Policies))
+					for _, p := range g.Policies {
+						specs = append(specs, ruleSpec{jump: familyChain(p, v6)})
+					}
+					rg.chains[fam] = specChain(specs)
+				}
+			}
+			rd.cur.tierGroups[name] = rg
+			r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = rg.chains[0], rg.chains[1]
+		}
+	}
+	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+		for _, v6 := range []bool{false, true} {
+			var rules []string
+			for _, st := range stages(dir)[2:] {
+				if isFamilyRule(st, v6) {
+					rules = append(rules, st)
+				}
+			}
+			r.Chains[passChain(dir, v6)] = &chain{comment: "after an admin Pass: NetworkPolicy, then the baseline tier",
+				rules: append(rules, "accept")}
+		}
+	}
+	for name, p := range rs.ClusterPolicies {
+		pair, ok := rd.prev.clusterPolicies[p]
+		if !ok {
+			pair = clusterPolicyChains(p)
+		}
+		rd.cur.clusterPolicies[p] = pair
+		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = pair[0], pair[1]
+	}
+}
+
+func isFamilyRule(rule string, v6 bool) bool {
+	if v6 {
+		return rule[:4] == "ip6 "
+	}
+	return rule[:3] == "ip "
+}
+
+// clusterPolicyChains renders a ClusterNetworkPolicy's rules for one direction as its IPv4 and
+// IPv6 chain, in order, each rule ending in its action's verdict.
+func clusterPolicyChains(p *policy.ClusterPolicyRules) [2]*chain {
+	var specs [2][]ruleSpec
+	for _, rule := range p.Rules {
+		var verdict ruleSpec
+		switch rule.Action {
+		case policy.Deny:
+			verdict.drop = true
+		case policy.Pass:
+			if p.Tier == policy.AdminTier {
+				verdict.gotoTo = "pass" // replaced per family below
+			}
+			// A baseline Pass skips the rest of the baseline tier, and only allow is left.
+		}
+		for _, sp := range expandRule(nil, p.Direction, rule.Peers, rule.Ports, verdict) {
+			fam := 0
+			if sp.v6 {
+				fam = 1
+			}
+			if sp.gotoTo != "" {
+				sp.gotoTo = passChain(p.Direction, sp.v6)
+			}
+			specs[fam] = append(specs[fam], sp)
+		}
+	}
+	return [2]*chain{specChain(specs[0]), specChain(specs[1])}
+}
