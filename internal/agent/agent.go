@@ -170,7 +170,8 @@ func (a *Agent) Once(ctx context.Context) error {
 	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
 	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
 	a.log.Info("synced", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
-		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting)
+		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
+		"clusterPolicies", stats.ClusterPoliciesSelecting)
 	if err := a.cfg.Policy.Verify(ctx); err != nil {
 		return fmt.Errorf("kernel does not hold the desired state after sync: %w", err)
 	}
@@ -358,7 +359,8 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 	}
 	attrs := []any{"backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", time.Since(compiled).Round(time.Microsecond),
-		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting}
+		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
+		"clusterPolicies", stats.ClusterPoliciesSelecting}
 	if seen != 0 {
 		attrs = append(attrs, "sinceEvent", time.Since(time.Unix(0, seen)).Round(time.Microsecond))
 	}

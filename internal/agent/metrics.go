@@ -22,6 +22,7 @@ type metrics struct {
 	localPods       prometheus.Gauge
 	selectedPods    prometheus.Gauge
 	policiesApplied prometheus.Gauge
+	clusterPolicies prometheus.Gauge
 	// appliedGeneration is the Generation of the cluster state snapshot each feature's rules
 	// in the kernel come from (see Status).
 	appliedGeneration *prometheus.GaugeVec
@@ -75,6 +76,10 @@ func newMetrics() *metrics {
 			Name: "netwarden_policies_selecting_local_pods",
 			Help: "NetworkPolicies that select at least one local pod.",
 		}),
+		clusterPolicies: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "netwarden_cluster_policies_selecting_local_pods",
+			Help: "ClusterNetworkPolicies (both tiers) that select at least one local pod.",
+		}),
 		appliedGeneration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "netwarden_applied_generation",
 			Help: "Generation of the cluster state snapshot whose rules the kernel holds, by feature (also on /status with the source revision).",
@@ -85,7 +90,7 @@ func newMetrics() *metrics {
 		}),
 	}
 	m.registry.MustRegister(m.appliedGeneration, m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
-		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied, m.policiesSkipped,
+		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied, m.clusterPolicies, m.policiesSkipped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -103,5 +108,6 @@ func (m *metrics) observeSync(backend string, res dataplane.SyncResult, stats po
 	m.localPods.Set(float64(stats.LocalPods))
 	m.selectedPods.Set(float64(stats.IsolatedPods))
 	m.policiesApplied.Set(float64(stats.PoliciesSelecting))
+	m.clusterPolicies.Set(float64(stats.ClusterPoliciesSelecting))
 	m.policiesSkipped.Set(float64(len(res.Skipped)))
 }

@@ -158,14 +158,65 @@ func judgeSide(out io.Writer, rulesetOf func(node string) *policy.Ruleset, dir p
 	return j.Allowed
 }
 
-// describe words a judgement of the direction of local (the pod judged) towards peer.
+// describe words a judgement of the direction of local (the pod judged) towards peer, stage by
+// stage: the admin tier, NetworkPolicy, the baseline tier.
 func describe(j policy.Judgement, local, peer, what string) string {
+	var parts []string
+	if t := j.Admin; t != nil {
+		if t.Action != policy.Pass || t.Policy != "" {
+			s := describeTier("admin", t, j.Direction)
+			if t.Action != policy.Pass {
+				return s
+			}
+			parts = append(parts, s)
+		} else {
+			parts = append(parts, fmt.Sprintf("admin tier: no rule of %s matches", strings.Join(t.Selecting, ", ")))
+		}
+	}
 	switch {
 	case !j.Isolated:
-		return fmt.Sprintf("allowed (no policy selects %s for %s)", local, j.Direction)
+		kind := "policy"
+		if j.Admin != nil || j.Baseline != nil {
+			kind = "NetworkPolicy"
+		}
+		parts = append(parts, fmt.Sprintf("no %s selects %s for %s", kind, local, j.Direction))
+		if t := j.Baseline; t != nil {
+			if t.Policy == "" {
+				parts = append(parts, fmt.Sprintf("baseline tier: no rule of %s matches", strings.Join(t.Selecting, ", ")))
+			} else {
+				parts = append(parts, describeTier("baseline", t, j.Direction))
+			}
+		}
 	case j.Allowed:
-		return fmt.Sprintf("allowed by %s (its %s rule %d admits %s on %s)", j.AllowedBy, j.Direction, j.Rule+1, peer, what)
+		parts = append(parts, fmt.Sprintf("allowed by %s (its %s rule %d admits %s on %s)", j.AllowedBy, j.Direction, j.Rule+1, peer, what))
+	default:
+		parts = append(parts, fmt.Sprintf("denied by default isolation of %s (selected by %s; no rule admits %s on %s)",
+			local, strings.Join(j.Selecting, ", "), peer, what))
 	}
-	return fmt.Sprintf("denied by default isolation of %s (selected by %s; no rule admits %s on %s)",
-		local, strings.Join(j.Selecting, ", "), peer, what)
+	verdict := "denied"
+	if j.Allowed {
+		verdict = "allowed"
+	}
+	if !j.Isolated {
+		return verdict + " (" + strings.Join(parts, "; ") + ")"
+	}
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	return strings.Join(parts[:len(parts)-1], "; ") + "; " + parts[len(parts)-1]
+}
+
+// describeTier words the rule of a tier that matched.
+func describeTier(tier string, t *policy.TierJudgement, dir policy.Direction) string {
+	rule := fmt.Sprintf("%s rule %d", dir, t.Rule+1)
+	if t.RuleName != "" {
+		rule += fmt.Sprintf(" %q", t.RuleName)
+	}
+	switch t.Action {
+	case policy.Accept:
+		return fmt.Sprintf("allowed by ClusterNetworkPolicy %s (%s tier, its %s accepts)", t.Policy, tier, rule)
+	case policy.Deny:
+		return fmt.Sprintf("denied by ClusterNetworkPolicy %s (%s tier, its %s denies)", t.Policy, tier, rule)
+	}
+	return fmt.Sprintf("%s tier: passed by ClusterNetworkPolicy %s (its %s)", tier, t.Policy, rule)
 }
