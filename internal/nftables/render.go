@@ -202,11 +202,11 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	// forwarded or delivered to the node itself; after DNAT (priority dstnat), so a Service
 	// address is already its endpoint. Ingress is judged on the way to a pod.
 	r.Chains[chainPreroutingEgress] = &chain{
-		base: baseChain(chainPreroutingEgress, knftables.PreroutingHook, "filter"),
+		base:  baseChain(chainPreroutingEgress, knftables.PreroutingHook, "filter"),
 		rules: append(prelude[:2:2], stages(policy.Egress)...),
 	}
 	r.Chains[chainForwardIngress] = &chain{
-		base: baseChain(chainForwardIngress, knftables.ForwardHook, "filter"),
+		base:  baseChain(chainForwardIngress, knftables.ForwardHook, "filter"),
 		rules: append(prelude[:2:2], stages(policy.Ingress)...),
 	}
 

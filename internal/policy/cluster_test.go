@@ -35,7 +35,9 @@ func tierState() *cluster.State {
 	tcp := func(port int32) []npav1beta1.ClusterNetworkPolicyProtocol {
 		return []npav1beta1.ClusterNetworkPolicyProtocol{{TCP: &npav1beta1.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1beta1.Port{Number: port}}}}
 	}
-	nsSel := func(k, v string) *metav1.LabelSelector { return &metav1.LabelSelector{MatchLabels: map[string]string{k: v}} }
+	nsSel := func(k, v string) *metav1.LabelSelector {
+		return &metav1.LabelSelector{MatchLabels: map[string]string{k: v}}
+	}
 	add := func(name string, tier npav1beta1.Tier, prio int32, subject npav1beta1.ClusterNetworkPolicySubject,
 		in []npav1beta1.ClusterNetworkPolicyIngressRule, out []npav1beta1.ClusterNetworkPolicyEgressRule) {
 		st.ClusterPolicies[name] = &npav1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -47,7 +49,7 @@ func tierState() *cluster.State {
 		From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: nsSel("team", "y")}}, Protocols: tcp(80)}}, nil)
 	add("pass-db", npav1beta1.AdminTier, 5, teamX, []npav1beta1.ClusterNetworkPolicyIngressRule{{
 		Name: "db-to-np", Action: npav1beta1.ClusterNetworkPolicyRuleActionPass,
-		From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Pods: &npav1beta1.NamespacedPod{NamespaceSelector: *nsSel("team", "y"), PodSelector: *nsSel("app", "db")}}},
+		From:      []npav1beta1.ClusterNetworkPolicyIngressPeer{{Pods: &npav1beta1.NamespacedPod{NamespaceSelector: *nsSel("team", "y"), PodSelector: *nsSel("app", "db")}}},
 		Protocols: []npav1beta1.ClusterNetworkPolicyProtocol{{DestinationNamedPort: "http"}}}}, nil)
 	add("accept-all", npav1beta1.AdminTier, 20, teamX, []npav1beta1.ClusterNetworkPolicyIngressRule{{
 		Action: npav1beta1.ClusterNetworkPolicyRuleActionAccept, From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}}}}, nil)
