@@ -34,6 +34,9 @@ type socket struct {
 // fails the batch instead of hanging the caller.
 const receiveTimeout = 10 // seconds
 
+// ackBuffer is the receive buffer asked for: room for the acks of about 100,000 messages.
+const ackBuffer = 16 << 20
+
 func openSocket() (*socket, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
@@ -48,6 +51,14 @@ func openSocket() (*socket, error) {
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		s.close()
 		return nil, os.NewSyscallError("setsockopt", err)
+	}
+	// The kernel queues one acknowledgement per message of a batch before we read any, and a
+	// batch that rewrites many chains (a cluster-wide ClusterNetworkPolicy deleted) holds
+	// thousands of messages: at the default buffer size the acks overflow it (ENOBUFS) and
+	// the whole batch is lost. The buffer is only committed as acks arrive. FORCE needs
+	// CAP_NET_ADMIN, which every caller has; SO_RCVBUF is the capped fallback.
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, ackBuffer); err != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, ackBuffer)
 	}
 	// Errors carry the kernel's explanation when it has one; older kernels refuse the option.
 	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)

@@ -13,6 +13,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"sigs.k8s.io/yaml"
 
@@ -25,6 +26,8 @@ type Spec struct {
 	Pods         int // spread evenly over namespaces
 	LocalPods    int // how many of them run on LocalNode, one per namespace first
 	Policies     int // spread evenly over namespaces
+	// ClusterPolicies is how many ClusterNetworkPolicies to add, half in each tier.
+	ClusterPolicies int
 	LocalNode    string
 	Nodes        int // nodes sharing the non-local pods
 	DualStack    bool
@@ -108,7 +111,63 @@ func Generate(s Spec) *cluster.State {
 		cluster.DefaultNetworkPolicy(np)
 		st.Policies[cluster.Key(np.Namespace, np.Name)] = np
 	}
+	for i := 0; i < s.ClusterPolicies; i++ {
+		cnp := ClusterPolicy(i)
+		st.ClusterPolicies[cnp.Name] = cnp
+	}
 	return st
+}
+
+// ClusterPolicy returns ClusterNetworkPolicy i of the synthetic cluster. Tiers alternate; most
+// select the pods of one app in the namespaces of one team (a few policies per pod), and two
+// in a hundred (one per tier) select every namespace, as cluster-wide guard rails do. Rule shapes cycle
+// through every action, peer kind and port kind; none matches the connection-rate
+// benchmark's flow (TCP 80 between two pods), which is left to NetworkPolicy.
+func ClusterPolicy(i int) *npav1beta1.ClusterNetworkPolicy {
+	cnp := &npav1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cnp-%05d", i)}}
+	cnp.Spec.Tier = npav1beta1.AdminTier
+	if i%2 == 1 {
+		cnp.Spec.Tier = npav1beta1.BaselineTier
+	}
+	cnp.Spec.Priority = int32(i * 7 % 1001)
+	labels := func(k, v string) *metav1.LabelSelector { return &metav1.LabelSelector{MatchLabels: map[string]string{k: v}} }
+	if i%100 == 2 || i%100 == 3 {
+		cnp.Spec.Subject.Namespaces = &metav1.LabelSelector{}
+	} else {
+		cnp.Spec.Subject.Pods = &npav1beta1.NamespacedPod{
+			NamespaceSelector: *labels("team", fmt.Sprintf("team-%d", i/2%40)),
+			PodSelector:       *labels("app", fmt.Sprintf("app-%d", i/80%10)),
+		}
+	}
+	tcp := func(p int32) []npav1beta1.ClusterNetworkPolicyProtocol {
+		return []npav1beta1.ClusterNetworkPolicyProtocol{{TCP: &npav1beta1.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1beta1.Port{Number: p}}}}
+	}
+	in := func(a npav1beta1.ClusterNetworkPolicyRuleAction, peer npav1beta1.ClusterNetworkPolicyIngressPeer, protos []npav1beta1.ClusterNetworkPolicyProtocol) {
+		cnp.Spec.Ingress = append(cnp.Spec.Ingress, npav1beta1.ClusterNetworkPolicyIngressRule{Action: a,
+			From: []npav1beta1.ClusterNetworkPolicyIngressPeer{peer}, Protocols: protos})
+	}
+	out := func(a npav1beta1.ClusterNetworkPolicyRuleAction, peer npav1beta1.ClusterNetworkPolicyEgressPeer, protos []npav1beta1.ClusterNetworkPolicyProtocol) {
+		cnp.Spec.Egress = append(cnp.Spec.Egress, npav1beta1.ClusterNetworkPolicyEgressRule{Action: a,
+			To: []npav1beta1.ClusterNetworkPolicyEgressPeer{peer}, Protocols: protos})
+	}
+	switch i / 2 % 6 {
+	case 0:
+		in(npav1beta1.ClusterNetworkPolicyRuleActionDeny, npav1beta1.ClusterNetworkPolicyIngressPeer{Namespaces: labels("env", "dev")}, tcp(22))
+	case 1:
+		in(npav1beta1.ClusterNetworkPolicyRuleActionPass, npav1beta1.ClusterNetworkPolicyIngressPeer{Pods: &npav1beta1.NamespacedPod{
+			NamespaceSelector: *labels("team", fmt.Sprintf("team-%d", i/2%40)), PodSelector: *labels("tier", "api")}}, tcp(5432))
+	case 2:
+		out(npav1beta1.ClusterNetworkPolicyRuleActionAccept, npav1beta1.ClusterNetworkPolicyEgressPeer{Networks: []npav1beta1.CIDR{"10.0.0.0/8"}}, tcp(443))
+	case 3:
+		out(npav1beta1.ClusterNetworkPolicyRuleActionDeny, npav1beta1.ClusterNetworkPolicyEgressPeer{Networks: []npav1beta1.CIDR{"192.0.2.0/24", "2001:db8::/32"}}, nil)
+	case 4:
+		out(npav1beta1.ClusterNetworkPolicyRuleActionPass, npav1beta1.ClusterNetworkPolicyEgressPeer{Namespaces: labels(cluster.NamespaceNameLabel, "kube-system")},
+			[]npav1beta1.ClusterNetworkPolicyProtocol{{UDP: &npav1beta1.ClusterNetworkPolicyProtocolUDP{DestinationPort: &npav1beta1.Port{Number: 53}}}})
+	default:
+		in(npav1beta1.ClusterNetworkPolicyRuleActionAccept, npav1beta1.ClusterNetworkPolicyIngressPeer{Namespaces: labels(cluster.NamespaceNameLabel, "monitoring")},
+			[]npav1beta1.ClusterNetworkPolicyProtocol{{DestinationNamedPort: "metrics"}})
+	}
+	return cnp
 }
 
 // policy i lives in namespace i % namespaces; its kind cycles through common shapes so the
@@ -245,6 +304,13 @@ func WriteObjectFiles(dir string, st *cluster.State) (int, error) {
 		node = node.DeepCopy()
 		node.APIVersion, node.Kind = "v1", "Node"
 		if err := write("node-"+name+".yaml", node); err != nil {
+			return n, err
+		}
+	}
+	for name, cnp := range st.ClusterPolicies {
+		cnp = cnp.DeepCopy()
+		cnp.APIVersion, cnp.Kind = npav1beta1.GroupVersion.String(), "ClusterNetworkPolicy"
+		if err := write("cnp-"+name+".yaml", cnp); err != nil {
 			return n, err
 		}
 	}

@@ -273,7 +273,7 @@ func benchIncremental(b *testing.B, node string, base *cluster.State, ch change,
 // through the node, with no rules and with the whole benchmark cluster's policies loaded. The
 // server's namespace is isolated and the flow is allowed only by the policy that sorts last.
 func BenchmarkConnRate(b *testing.B) {
-	connRate(b, func() (dataplane.PolicyBackend, error) { return nftables.New() })
+	connRate(b, synth.Default(), func() (dataplane.PolicyBackend, error) { return nftables.New() })
 }
 
 // connRate measures the connection rate of three configurations of one backend: no rules, our
@@ -295,7 +295,7 @@ func BenchmarkConnRate(b *testing.B) {
 // than what 100 rounds leave of the 12% spread of one round's ratio; more epochs are what
 // narrows the result. ratio-ci90-lo and -hi bound the ratio by resampling whole epochs, so a
 // reader sees how far one run's figure can be trusted.
-func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) {
+func connRate(b *testing.B, spec synth.Spec, newBackend func() (dataplane.PolicyBackend, error)) {
 	requireRoot(b)
 	// Short rounds: on a shared host the speed drifts within seconds (30% steal time and
 	// rates moving between 6,000 and 12,000 conn/s in one run were seen), and only drift
@@ -306,7 +306,9 @@ func connRate(b *testing.B, newBackend func() (dataplane.PolicyBackend, error)) 
 		window         = 200 * time.Millisecond
 	)
 	configs := []string{"no-rules", "hooks-only", "10k-policies"}
-	spec := synth.Default()
+	if spec.ClusterPolicies > 0 {
+		configs[2] = fmt.Sprintf("10k-policies+%d-cnp", spec.ClusterPolicies)
+	}
 	type node struct {
 		bed    *testbed.Bed
 		client *testbed.Pod

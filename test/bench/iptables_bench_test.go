@@ -90,7 +90,7 @@ func BenchmarkIPTablesIncremental(b *testing.B) {
 func BenchmarkIPTablesConnRate(b *testing.B) {
 	for _, mode := range iptablesModes {
 		b.Run(string(mode), func(b *testing.B) {
-			connRate(b, func() (dataplane.PolicyBackend, error) { return newIPTables(mode) })
+			connRate(b, synth.Default(), func() (dataplane.PolicyBackend, error) { return newIPTables(mode) })
 		})
 	}
 }
