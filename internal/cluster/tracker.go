@@ -173,6 +173,13 @@ func (t *Tracker) Counts() (namespaces, pods, policies, nodes int) {
 	return len(t.cur.Namespaces), len(t.cur.Pods), len(t.cur.Policies), len(t.cur.Nodes)
 }
 
+// ClusterPolicyCount returns how many ClusterNetworkPolicies are stored (see Counts).
+func (t *Tracker) ClusterPolicyCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.cur.ClusterPolicies)
+}
+
 // Snapshot returns the current objects as an immutable State. When nothing changed since the
 // previous snapshot it returns that one again.
 func (t *Tracker) Snapshot() *State {

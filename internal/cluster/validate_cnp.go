@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -189,15 +191,30 @@ func validateListSize(n int, isNil bool, p *field.Path, required bool) field.Err
 }
 
 // validateSelector checks that sel, when set, converts to a labels.Selector, which is how the
-// compiler will read it. The CRD does not check selectors at all.
+// compiler will read it. The CRD does not check selectors at all. Each requirement is checked
+// alone, so that the error names the one at fault.
 func validateSelector(sel *metav1.LabelSelector, p *field.Path) field.ErrorList {
 	if sel == nil {
 		return nil
 	}
-	if _, err := metav1.LabelSelectorAsSelector(sel); err != nil {
-		return field.ErrorList{field.Invalid(p, sel.String(), err.Error())}
+	var errs field.ErrorList
+	for _, k := range slices.Sorted(maps.Keys(sel.MatchLabels)) {
+		one := &metav1.LabelSelector{MatchLabels: map[string]string{k: sel.MatchLabels[k]}}
+		if _, err := metav1.LabelSelectorAsSelector(one); err != nil {
+			errs = append(errs, field.Invalid(p.Child("matchLabels").Key(k), sel.MatchLabels[k], err.Error()))
+		}
 	}
-	return nil
+	for i, req := range sel.MatchExpressions {
+		one := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{req}}
+		if _, err := metav1.LabelSelectorAsSelector(one); err != nil {
+			value := fmt.Sprintf("%s %s %v", req.Key, req.Operator, req.Values)
+			errs = append(errs, field.Invalid(p.Child("matchExpressions").Index(i), value, err.Error()))
+		}
+	}
+	if _, err := metav1.LabelSelectorAsSelector(sel); err != nil && len(errs) == 0 {
+		errs = append(errs, field.Invalid(p, sel.String(), err.Error()))
+	}
+	return errs
 }
 
 func validateNamespacedPod(np *npav1beta1.NamespacedPod, p *field.Path) field.ErrorList {

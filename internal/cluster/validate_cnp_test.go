@@ -82,7 +82,7 @@ func TestValidateClusterNetworkPolicy(t *testing.T) {
 		{"subject selector does not parse", func(c *npav1beta1.ClusterNetworkPolicy) {
 			c.Spec.Subject = npav1beta1.ClusterNetworkPolicySubject{Pods: &npav1beta1.NamespacedPod{
 				NamespaceSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Has"}}}}}
-		}, []string{`spec.subject.pods.namespaceSelector: Invalid value: `}},
+		}, []string{`spec.subject.pods.namespaceSelector.matchExpressions[0]: Invalid value: "a Has []": "Has" is not a valid label selector operator`}},
 		{"26 egress rules", func(c *npav1beta1.ClusterNetworkPolicy) {
 			for len(c.Spec.Egress) < 26 {
 				c.Spec.Egress = append(c.Spec.Egress, c.Spec.Egress[1])
@@ -116,10 +116,10 @@ func TestValidateClusterNetworkPolicy(t *testing.T) {
 		}, []string{`spec.ingress[0].from[0]: Invalid value: "namespaces, pods": at most one of namespaces, pods may be set`}},
 		{"peer selector does not parse", func(c *npav1beta1.ClusterNetworkPolicy) {
 			c.Spec.Egress[0].To[1].Nodes = &metav1.LabelSelector{MatchLabels: map[string]string{"role": "in fra"}}
-		}, []string{`spec.egress[0].to[1].nodes: Invalid value: `}},
+		}, []string{`spec.egress[0].to[1].nodes.matchLabels[role]: Invalid value: "in fra"`}},
 		{"pod selector does not parse", func(c *npav1beta1.ClusterNetworkPolicy) {
 			c.Spec.Ingress[0].From[1].Pods.PodSelector.MatchExpressions[0].Values = nil
-		}, []string{`spec.ingress[0].from[1].pods.podSelector: Invalid value: `}},
+		}, []string{`spec.ingress[0].from[1].pods.podSelector.matchExpressions[0]: Invalid value: "app In []": values: Invalid value: null: for 'in', 'notin' operators, values set can't be empty`}},
 		{"CIDR with too long a prefix", func(c *npav1beta1.ClusterNetworkPolicy) {
 			c.Spec.Egress[0].To[0].Networks[2] = "10.0.0.0/33"
 		}, []string{`spec.egress[0].to[0].networks[2]: Invalid value: "10.0.0.0/33": invalid CIDR`}},
