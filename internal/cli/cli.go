@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
@@ -70,7 +71,9 @@ func (f *stateFlags) resolveNodeName() (string, error) {
 	return strings.ToLower(h), nil
 }
 
-func (f *stateFlags) source(log *slog.Logger) (cluster.Source, error) {
+// source returns the source of cluster state the flags select. writeStatus lets it write status
+// conditions (the agent's ClusterNetworkPolicy condition); a one-off read writes nothing.
+func (f *stateFlags) source(log *slog.Logger, writeStatus bool) (cluster.Source, error) {
 	if f.manifests != "" && f.kubeconfig != "" {
 		return nil, errors.New("--manifests and --kubeconfig are mutually exclusive")
 	}
@@ -105,7 +108,15 @@ func (f *stateFlags) source(log *slog.Logger) (cluster.Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return kubeapi.New(client, log), nil
+	npa, err := npaclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	opts := []kubeapi.Option{kubeapi.WithClusterNetworkPolicies(npa)}
+	if writeStatus {
+		opts = append(opts, kubeapi.WithClusterPolicyStatus())
+	}
+	return kubeapi.New(client, log, opts...), nil
 }
 
 // loadState reads the cluster state once: the manifests directory as it is (any problem is an
@@ -118,7 +129,7 @@ func (f *stateFlags) loadState(ctx context.Context, log *slog.Logger) (*cluster.
 		}
 		return st, nil
 	}
-	src, err := f.source(log)
+	src, err := f.source(log, false)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +182,7 @@ func agentCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			src, err := f.source(log)
+			src, err := f.source(log, true)
 			if err != nil {
 				return err
 			}

@@ -15,10 +15,10 @@ type Revision struct {
 	// whether or not they were valid: a file with problems keeps its last good objects, and
 	// its entry still says that this content was seen.
 	Files map[string]string `json:"files,omitempty"`
-	// ResourceVersions maps each watched resource (namespaces, pods, networkpolicies, nodes) to
-	// the highest resourceVersion among the events delivered so far. A watch delivers its
-	// events in resourceVersion order, so every write of that resource up to this version is
-	// contained.
+	// ResourceVersions maps each watched resource (namespaces, pods, networkpolicies, nodes,
+	// clusternetworkpolicies) to the highest resourceVersion among the events delivered so far.
+	// A watch delivers its events in resourceVersion order, so every write of that resource up
+	// to this version is contained.
 	ResourceVersions map[string]uint64 `json:"resourceVersions,omitempty"`
 }
 

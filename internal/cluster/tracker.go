@@ -103,6 +103,24 @@ func (t *Tracker) SetClusterPolicy(name string, cnp *npav1beta1.ClusterNetworkPo
 	put(t, &t.cur.ClusterPolicies, kindClusterPolicy, name, cnp)
 }
 
+// ClearClusterPolicies removes every ClusterNetworkPolicy, for a source whose CRD went away, and
+// returns how many there were.
+func (t *Tracker) ClearClusterPolicies() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := len(t.cur.ClusterPolicies)
+	if n == 0 {
+		return 0
+	}
+	for name := range t.cur.ClusterPolicies {
+		t.dirty[kindClusterPolicy][name] = struct{}{}
+	}
+	// A new map rather than a cleared one: a snapshot may share the current one.
+	t.cur.ClusterPolicies = map[string]*npav1beta1.ClusterNetworkPolicy{}
+	t.shared[kindClusterPolicy] = false
+	return n
+}
+
 // writable returns *m ready to be written: copied first when a snapshot also holds it (shared),
 // made when nil. The copy on write keeps every published Revision unchanged.
 func writable[V any](m *map[string]V, shared *bool) map[string]V {
@@ -153,6 +171,13 @@ func (t *Tracker) Counts() (namespaces, pods, policies, nodes int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.cur.Namespaces), len(t.cur.Pods), len(t.cur.Policies), len(t.cur.Nodes)
+}
+
+// ClusterPolicyCount returns how many ClusterNetworkPolicies are stored (see Counts).
+func (t *Tracker) ClusterPolicyCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.cur.ClusterPolicies)
 }
 
 // Snapshot returns the current objects as an immutable State. When nothing changed since the

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
 // TestTrackerChanges checks every snapshot's Changes against a pointer comparison with the
@@ -128,5 +129,33 @@ func TestTrackerFiles(t *testing.T) {
 	tr.SetFile("d.yaml", "4")
 	if _, ok := rev.Files["d.yaml"]; ok {
 		t.Error("the Revision handed out with Nodes changed")
+	}
+}
+
+// TestTrackerClearClusterPolicies: clearing lists every removed key and leaves published
+// snapshots as they were.
+func TestTrackerClearClusterPolicies(t *testing.T) {
+	tr := NewTracker()
+	if n := tr.ClearClusterPolicies(); n != 0 {
+		t.Errorf("cleared %d from an empty tracker", n)
+	}
+	for _, name := range []string{"a", "b"} {
+		tr.SetClusterPolicy(name, &npav1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	}
+	tr.SetPolicy("ns/p", &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}})
+	before := tr.Snapshot()
+	if n := tr.ClearClusterPolicies(); n != 2 {
+		t.Errorf("cleared %d, want 2", n)
+	}
+	after := tr.Snapshot()
+	if len(after.ClusterPolicies) != 0 || len(before.ClusterPolicies) != 2 || after.Policies["ns/p"] == nil {
+		t.Errorf("after: %v, before: %v", after.ClusterPolicies, before.ClusterPolicies)
+	}
+	if ch := after.Changes; ch == nil || !reflect.DeepEqual(ch.ClusterPolicies, []string{"a", "b"}) || len(ch.Policies) != 0 {
+		t.Errorf("changes %+v", ch)
+	}
+	tr.SetClusterPolicy("c", &npav1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "c"}})
+	if st := tr.Snapshot(); len(st.ClusterPolicies) != 1 || len(after.ClusterPolicies) != 0 {
+		t.Errorf("a policy added after clearing: %v, the snapshot before it: %v", st.ClusterPolicies, after.ClusterPolicies)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
 	"github.com/netwarden/netwarden/internal/kubetest"
 	"github.com/netwarden/netwarden/internal/simnode"
@@ -56,6 +58,7 @@ func runKubectl(t testing.TB, kubectl, kubeconfig string, args ...string) string
 // appliedNames are the objects of deploy/ as kubectl names them in its output.
 func appliedNames(m *manifests) []string {
 	return []string{
+		"customresourcedefinition.apiextensions.k8s.io/" + m.crd.name,
 		"serviceaccount/" + m.serviceAccount.Name,
 		"clusterrole.rbac.authorization.k8s.io/" + m.clusterRole.Name,
 		"clusterrolebinding.rbac.authorization.k8s.io/" + m.binding.Name,
@@ -169,6 +172,17 @@ func TestAgentLeastPrivilege(t *testing.T) {
 	if _, err := admin.NetworkingV1().NetworkPolicies(ns).Create(ctx, deny, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// A ClusterNetworkPolicy (the CRD came with deploy/) that selects none of the test's pods.
+	cnp, err := npaclient.NewForConfigOrDie(srv.AdminConfig()).PolicyV1beta1().ClusterNetworkPolicies().Create(ctx, &npav1beta1.ClusterNetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "elsewhere"},
+		Spec: npav1beta1.ClusterNetworkPolicySpec{Tier: npav1beta1.AdminTier, Priority: 10,
+			Subject: npav1beta1.ClusterNetworkPolicySubject{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "nobody"}}},
+			Ingress: []npav1beta1.ClusterNetworkPolicyIngressRule{{Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny,
+				From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// The service account the DaemonSet runs as, bound by deploy/ and nothing else.
 	sa := m.serviceAccount
@@ -181,7 +195,7 @@ func TestAgentLeastPrivilege(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkRights(ctx, t, saClient, nobody, ns)
+	checkRights(ctx, t, saClient, nobody, npaclient.NewForConfigOrDie(srv.Config(token)), ns, cnp.Name)
 
 	// The agent as the DaemonSet runs it (its args, NODE_NAME from the downward API), with the
 	// kubeconfig in place of the in-cluster configuration, once.
@@ -210,18 +224,20 @@ func TestAgentLeastPrivilege(t *testing.T) {
 	}
 }
 
-// checkRights checks that client (the agent's service account) can read what the agent watches
-// and nothing more. First the API server's own account of the rules that apply in ns (cluster-wide
-// ones included): beyond what every service account gets by default (baseline, an account with no
-// bindings of its own: asking about its own rights, reading ClusterTrustBundles, ...) they must be
-// exactly get, list and watch on the four kinds. Then real requests.
-func checkRights(ctx context.Context, t *testing.T, client, baseline kubernetes.Interface, ns string) {
+// checkRights checks that client (the agent's service account) can read what the agent watches,
+// and write the ClusterNetworkPolicy status, and nothing more. First the API server's own account
+// of the rules that apply in ns (cluster-wide ones included): beyond what every service account
+// gets by default (baseline, an account with no bindings of its own: asking about its own rights,
+// reading ClusterTrustBundles, ...) they must be exactly get, list and watch on the five kinds and
+// patch on clusternetworkpolicies/status. Then real requests (npa is client's ClusterNetworkPolicy
+// client; the policy cnp exists).
+func checkRights(ctx context.Context, t *testing.T, client, baseline kubernetes.Interface, npa npaclient.Interface, ns, cnp string) {
 	t.Helper()
 	granted, base := resourceRules(ctx, t, client, ns), resourceRules(ctx, t, baseline, ns)
 	want := map[string]bool{}
 	for g, resources := range wantRules {
 		for _, res := range resources {
-			for _, v := range readVerbs {
+			for _, v := range wantVerbs(res) {
 				want[g+"/"+res+":"+v] = true
 			}
 		}
@@ -238,8 +254,9 @@ func checkRights(ctx context.Context, t *testing.T, client, baseline kubernetes.
 	}
 	t.Logf("rules every service account has (not checked): %v", sortedKeys(base))
 
-	// Allowed: get, list and watch of the four kinds.
+	// Allowed: get, list and watch of the five kinds, and the ClusterNetworkPolicy status.
 	listOpts := metav1.ListOptions{Limit: 1}
+	cnps := npa.PolicyV1beta1().ClusterNetworkPolicies()
 	allowed := map[string]func() error{
 		"list pods (all namespaces)": func() error { _, err := client.CoreV1().Pods("").List(ctx, listOpts); return err },
 		"get pod":                    func() error { _, err := client.CoreV1().Pods(ns).Get(ctx, "a", metav1.GetOptions{}); return err },
@@ -256,6 +273,17 @@ func checkRights(ctx context.Context, t *testing.T, client, baseline kubernetes.
 		},
 		"watch networkpolicies": func() error {
 			return watch(client.NetworkingV1().NetworkPolicies("").Watch(ctx, metav1.ListOptions{}))
+		},
+		"list clusternetworkpolicies": func() error { _, err := cnps.List(ctx, listOpts); return err },
+		"get clusternetworkpolicy":    func() error { _, err := cnps.Get(ctx, cnp, metav1.GetOptions{}); return err },
+		"watch clusternetworkpolicies": func() error {
+			return watch(cnps.Watch(ctx, metav1.ListOptions{}))
+		},
+		"patch a clusternetworkpolicy's status": func() error {
+			_, err := cnps.Patch(ctx, cnp, types.MergePatchType,
+				[]byte(`{"status":{"conditions":[{"type":"netwarden.io/RightsCheck","status":"True","reason":"Test","message":"","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}`),
+				metav1.PatchOptions{}, "status")
+			return err
 		},
 	}
 	for what, do := range allowed {
@@ -315,6 +343,17 @@ func checkRights(ctx context.Context, t *testing.T, client, baseline kubernetes.
 			_, err := client.CoreV1().Events(ns).Create(ctx, ev, metav1.CreateOptions{})
 			return err
 		},
+		"create a cluster network policy": func() error {
+			_, err := cnps.Create(ctx, &npav1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "intruder"},
+				Spec: npav1beta1.ClusterNetworkPolicySpec{Tier: npav1beta1.AdminTier,
+					Subject: npav1beta1.ClusterNetworkPolicySubject{Namespaces: &metav1.LabelSelector{}}}}, metav1.CreateOptions{})
+			return err
+		},
+		"change a cluster network policy": func() error {
+			_, err := cnps.Patch(ctx, cnp, types.MergePatchType, []byte(`{"spec":{"priority":999}}`), metav1.PatchOptions{})
+			return err
+		},
+		"delete a cluster network policy": func() error { return cnps.Delete(ctx, cnp, metav1.DeleteOptions{}) },
 		"edit its own ClusterRole": func() error {
 			_, err := client.RbacV1().ClusterRoles().Patch(ctx, "netwarden", types.MergePatchType, patch, metav1.PatchOptions{})
 			return err

@@ -27,6 +27,8 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
+
+	"github.com/netwarden/netwarden/internal/kubetest"
 )
 
 // manifests is everything in deploy/, decoded strictly (unknown fields are errors).
@@ -37,6 +39,13 @@ type manifests struct {
 	binding        *rbacv1.ClusterRoleBinding
 	masqConfig     *corev1.ConfigMap
 	daemonSet      *appsv1.DaemonSet
+	// crd is the ClusterNetworkPolicy CRD, which client-go's scheme does not decode.
+	crd *crdFile
+}
+
+// crdFile is a CustomResourceDefinition document of deploy/, read for what the tests check.
+type crdFile struct {
+	file, name, group string
 }
 
 // repoRoot finds the repository root: the nearest directory above the working directory that
@@ -69,7 +78,7 @@ func deployDir(t testing.TB) string {
 }
 
 // loadManifests decodes every YAML document of every *.yaml and *.yml file in deploy/ (the files
-// `kubectl apply -f deploy/` reads) and requires each of the five objects exactly once.
+// `kubectl apply -f deploy/` reads) and requires each of the six objects exactly once.
 func loadManifests(t testing.TB) *manifests {
 	t.Helper()
 	m := &manifests{dir: deployDir(t)}
@@ -103,6 +112,14 @@ func loadManifests(t testing.TB) *manifests {
 			if len(bytes.TrimSpace(stripComments(raw))) == 0 {
 				continue
 			}
+			if crd, ok := crdDocument(t, raw); ok {
+				if m.crd != nil {
+					t.Fatalf("%s: document %d: a second CustomResourceDefinition (%s is in %s)", e.Name(), doc, m.crd.name, m.crd.file)
+				}
+				crd.file = e.Name()
+				m.crd = crd
+				continue
+			}
 			obj, gvk, err := decoder.Decode(raw, nil, nil)
 			if err != nil {
 				t.Fatalf("%s: document %d: %v", e.Name(), doc, err)
@@ -120,17 +137,40 @@ func loadManifests(t testing.TB) *manifests {
 			}
 			seen[key] = e.Name()
 			if !m.set(obj) {
-				t.Fatalf("%s: document %d: unexpected %s %s (deploy/ holds one ServiceAccount, ClusterRole, ClusterRoleBinding, ConfigMap and DaemonSet)", e.Name(), doc, gvk, key)
+				t.Fatalf("%s: document %d: unexpected %s %s (deploy/ holds one CustomResourceDefinition, ServiceAccount, ClusterRole, ClusterRoleBinding, ConfigMap and DaemonSet)", e.Name(), doc, gvk, key)
 			}
 		}
 	}
 	if files == 0 {
 		t.Fatalf("no YAML files in %s", m.dir)
 	}
-	if m.serviceAccount == nil || m.clusterRole == nil || m.binding == nil || m.masqConfig == nil || m.daemonSet == nil {
-		t.Fatalf("deploy/ must define a ServiceAccount, a ClusterRole, a ClusterRoleBinding, a ConfigMap and a DaemonSet; found %v", sortedKeys(seen))
+	if m.serviceAccount == nil || m.clusterRole == nil || m.binding == nil || m.masqConfig == nil || m.daemonSet == nil || m.crd == nil {
+		t.Fatalf("deploy/ must define the ClusterNetworkPolicy CustomResourceDefinition, a ServiceAccount, a ClusterRole, a ClusterRoleBinding, "+
+			"a ConfigMap and a DaemonSet; found %v and CRD %v", sortedKeys(seen), m.crd)
 	}
 	return m
+}
+
+// crdDocument reads raw as a CustomResourceDefinition, if it is one.
+func crdDocument(t testing.TB, raw []byte) (*crdFile, bool) {
+	t.Helper()
+	var doc struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Metadata   struct {
+			Name string `json:"name"`
+		} `json:"metadata"`
+		Spec struct {
+			Group string `json:"group"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil || doc.Kind != "CustomResourceDefinition" {
+		return nil, false
+	}
+	if doc.APIVersion != "apiextensions.k8s.io/v1" {
+		t.Fatalf("CustomResourceDefinition %s: apiVersion %s, want apiextensions.k8s.io/v1", doc.Metadata.Name, doc.APIVersion)
+	}
+	return &crdFile{name: doc.Metadata.Name, group: doc.Spec.Group}, true
 }
 
 // set records obj in its slot; it reports false for an unexpected kind or a second object of a kind.
@@ -212,13 +252,23 @@ func healthAddr(t testing.TB, c *corev1.Container) string {
 	return ""
 }
 
-// wantRules is all the ClusterRole may grant: read access to the four kinds the agent watches.
+// wantRules is all the ClusterRole may grant: read access to the five kinds the agent watches,
+// and the patch of the ClusterNetworkPolicy status that carries the agents' condition.
 var wantRules = map[string][]string{ // API group -> resources
-	"":                  {"namespaces", "nodes", "pods"},
-	"networking.k8s.io": {"networkpolicies"},
+	"":                         {"namespaces", "nodes", "pods"},
+	"networking.k8s.io":        {"networkpolicies"},
+	"policy.networking.k8s.io": {"clusternetworkpolicies", "clusternetworkpolicies/status"},
 }
 
 var readVerbs = []string{"get", "list", "watch"}
+
+// wantVerbs returns the verbs the ClusterRole must grant, exactly, on resource.
+func wantVerbs(resource string) []string {
+	if strings.HasSuffix(resource, "/status") {
+		return []string{"patch"}
+	}
+	return readVerbs
+}
 
 func TestManifests(t *testing.T) {
 	m := loadManifests(t)
@@ -231,13 +281,11 @@ func TestManifests(t *testing.T) {
 			if len(r.NonResourceURLs) > 0 || len(r.ResourceNames) > 0 {
 				t.Errorf("rule %d: nonResourceURLs or resourceNames are not needed: %+v", i, r)
 			}
-			for _, v := range r.Verbs {
-				if !slices.Contains(readVerbs, v) {
-					t.Errorf("rule %d grants verb %q; only get, list and watch are allowed", i, v)
+			for _, res := range r.Resources {
+				if got, want := slices.Sorted(slices.Values(r.Verbs)), wantVerbs(res); !slices.Equal(got, want) {
+					t.Errorf("rule %d: verbs %v on %s, want exactly %v (informers list and watch, get for single reads; "+
+						"the status is only patched)", i, r.Verbs, res, want)
 				}
-			}
-			if got := slices.Sorted(slices.Values(r.Verbs)); !slices.Equal(got, readVerbs) {
-				t.Errorf("rule %d: verbs %v, want exactly %v (informers list and watch; get for single reads)", i, r.Verbs, readVerbs)
 			}
 			for _, g := range r.APIGroups {
 				for _, res := range r.Resources {
@@ -272,6 +320,28 @@ func TestManifests(t *testing.T) {
 		if pod.ServiceAccountName != m.serviceAccount.Name || ds.Namespace != m.serviceAccount.Namespace {
 			t.Errorf("the DaemonSet %s/%s runs as service account %q, want %s/%s", ds.Namespace, ds.Name,
 				pod.ServiceAccountName, m.serviceAccount.Namespace, m.serviceAccount.Name)
+		}
+	})
+
+	t.Run("crd", func(t *testing.T) {
+		if m.crd.name != "clusternetworkpolicies.policy.networking.k8s.io" || m.crd.group != "policy.networking.k8s.io" {
+			t.Errorf("CustomResourceDefinition %s of group %s, want the ClusterNetworkPolicy CRD", m.crd.name, m.crd.group)
+		}
+		// The released file of the version in go.mod, under a comment: the agent's API types
+		// and the CRD must agree.
+		shipped, err := os.ReadFile(filepath.Join(m.dir, m.crd.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		released, err := os.ReadFile(kubetest.ClusterNetworkPolicyCRD(t, kubetest.CRDStandard))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for bytes.HasPrefix(shipped, []byte("#")) {
+			_, shipped, _ = bytes.Cut(shipped, []byte("\n"))
+		}
+		if !bytes.Equal(shipped, released) {
+			t.Errorf("deploy/%s is not, below its leading comment, the standard CRD of %s in go.mod", m.crd.file, kubetest.NetworkPolicyAPIModule)
 		}
 	})
 

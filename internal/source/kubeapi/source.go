@@ -25,15 +25,20 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
 	"github.com/netwarden/netwarden/internal/cluster"
 )
 
 // Source is a cluster.Source backed by shared informers for Namespaces, Pods, NetworkPolicies and
-// Nodes.
+// Nodes, and, when given a client for them (WithClusterNetworkPolicies), ClusterNetworkPolicies
+// while their CRD is served.
 type Source struct {
 	logger    *slog.Logger
 	factory   informers.SharedInformerFactory
 	informers []namedInformer
+	// cnp watches ClusterNetworkPolicies; nil when the Source has no client for them.
+	cnp *cnpWatcher
 
 	running atomic.Bool
 	regs    atomic.Pointer[[]cache.ResourceEventHandlerRegistration]
@@ -47,6 +52,8 @@ type namedInformer struct {
 	resource string
 	informer cache.SharedIndexInformer
 	events   kindHandler
+	// observe, when set, is called with the object of every add and update, changed or not.
+	observe func(obj any)
 }
 
 // kindHandler keeps the Tracker in step with one informer's events.
@@ -77,7 +84,8 @@ func handler[T any, PT interface {
 				return
 			}
 			if errs := validate(obj); len(errs) > 0 {
-				s.logger.Error("ignoring invalid object from the Kubernetes API", "kind", kind, "key", key(obj), "errors", errs.ToAggregate().Error())
+				s.logger.Error("ignoring invalid object from the Kubernetes API", "kind", kind, "key", key(obj), "errors", errs.ToAggregate().Error(),
+					"err", &cluster.InvalidError{Kind: kind, Key: key(obj), Errs: errs})
 				set(key(obj), nil)
 				return
 			}
@@ -105,76 +113,104 @@ func handler[T any, PT interface {
 var _ cluster.Source = (*Source)(nil)
 
 // New returns a Source that lists and watches through client. Nothing is requested until Run.
-func New(client kubernetes.Interface, logger *slog.Logger) *Source {
+func New(client kubernetes.Interface, logger *slog.Logger, opts ...Option) *Source {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	o := options{crdPollInterval: DefaultCRDPollInterval}
+	for _, opt := range opts {
+		opt(&o)
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Transform))
 	s := &Source{logger: logger, factory: factory, objects: cluster.NewTracker()}
 	s.informers = []namedInformer{
 		{"namespaces", factory.Core().V1().Namespaces().Informer(),
-			handler(s, "Namespace", "namespaces", cluster.ValidateNamespace, s.objects.SetNamespace)},
+			handler(s, "Namespace", "namespaces", cluster.ValidateNamespace, s.objects.SetNamespace), nil},
 		{"pods", factory.Core().V1().Pods().Informer(),
-			handler(s, "Pod", "pods", cluster.ValidatePod, s.objects.SetPod)},
+			handler(s, "Pod", "pods", cluster.ValidatePod, s.objects.SetPod), nil},
 		{"networkpolicies", factory.Networking().V1().NetworkPolicies().Informer(),
-			handler(s, "NetworkPolicy", "networkpolicies", cluster.ValidateNetworkPolicy, s.objects.SetPolicy)},
+			handler(s, "NetworkPolicy", "networkpolicies", cluster.ValidateNetworkPolicy, s.objects.SetPolicy), nil},
 		{"nodes", factory.Core().V1().Nodes().Informer(),
-			handler(s, "Node", "nodes", cluster.ValidateNode, s.objects.SetNode)},
+			handler(s, "Node", "nodes", cluster.ValidateNode, s.objects.SetNode), nil},
 	}
 	for _, ni := range s.informers {
 		resource := ni.resource
 		// Cannot fail before the informer is started.
 		_ = ni.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-			switch {
-			case errors.Is(err, io.EOF):
-				// The watch was closed normally; the informer watches again.
-			case errors.Is(err, io.ErrUnexpectedEOF), apierrors.IsResourceExpired(err), apierrors.IsGone(err):
-				logger.Debug("kubernetes watch closed; relisting", "resource", resource, "err", err)
-			default:
-				logger.Warn("kubernetes list/watch failed; retrying", "resource", resource, "err", err)
-			}
+			s.watchError(resource, err)
 		})
+	}
+	if o.npa != nil {
+		s.cnp = newCNPWatcher(s, client, o)
 	}
 	return s
 }
 
+// watchError logs a failed list or watch of resource, which the informer retries.
+func (s *Source) watchError(resource string, err error) {
+	switch {
+	case errors.Is(err, io.EOF):
+		// The watch was closed normally; the informer watches again.
+	case errors.Is(err, io.ErrUnexpectedEOF), apierrors.IsResourceExpired(err), apierrors.IsGone(err):
+		s.logger.Debug("kubernetes watch closed; relisting", "resource", resource, "err", err)
+	default:
+		s.logger.Warn("kubernetes list/watch failed; retrying", "resource", resource, "err", err)
+	}
+}
+
+// addHandler registers the event handlers of ni, which keep the Tracker in step with it.
+func (s *Source) addHandler(ni namedInformer, notify func()) (cache.ResourceEventHandlerRegistration, error) {
+	ev, observe := ni.events, ni.observe
+	if observe == nil {
+		observe = func(any) {}
+	}
+	reg, err := ni.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		// Every event notifies, even one that changes nothing the agent keeps: its
+		// resourceVersion is part of the next snapshot's Revision, which the agent reports
+		// as applied once synced. Such a sync compiles no change and writes nothing.
+		AddFunc: func(obj any) {
+			ev.upsert(obj)
+			ev.seen(obj)
+			observe(obj)
+			notify()
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			// An update of nothing we keep leaves the old object in place, so the
+			// compiler sees no change at all.
+			if !unchanged(oldObj, newObj) {
+				ev.upsert(newObj)
+			}
+			ev.seen(newObj)
+			observe(newObj)
+			notify()
+		},
+		DeleteFunc: func(obj any) {
+			ev.remove(obj)
+			ev.seen(obj)
+			notify()
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kubeapi source: adding %s event handler: %w", ni.resource, err)
+	}
+	return reg, nil
+}
+
 // Run starts the informers, calls notify after every add, update and delete (updates that change
 // none of the kept fields excepted) and once more when all caches have synced, and blocks until ctx
-// is done. It returns nil then.
+// is done. It returns nil then. With a client for ClusterNetworkPolicies it also asks API
+// discovery, at start and then every poll interval, whether their CRD is served, and watches them
+// while it is (see WithClusterNetworkPolicies).
 func (s *Source) Run(ctx context.Context, notify func()) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("kubeapi source: Run called twice")
 	}
 	regs := make([]cache.ResourceEventHandlerRegistration, 0, len(s.informers))
-	synced := make([]cache.InformerSynced, 0, len(s.informers))
+	synced := make([]cache.InformerSynced, 0, len(s.informers)+1)
 	for _, ni := range s.informers {
-		ev := ni.events
-		reg, err := ni.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			// Every event notifies, even one that changes nothing the agent keeps: its
-			// resourceVersion is part of the next snapshot's Revision, which the agent reports
-			// as applied once synced. Such a sync compiles no change and writes nothing.
-			AddFunc: func(obj any) {
-				ev.upsert(obj)
-				ev.seen(obj)
-				notify()
-			},
-			UpdateFunc: func(oldObj, newObj any) {
-				// An update of nothing we keep leaves the old object in place, so the
-				// compiler sees no change at all.
-				if !unchanged(oldObj, newObj) {
-					ev.upsert(newObj)
-				}
-				ev.seen(newObj)
-				notify()
-			},
-			DeleteFunc: func(obj any) {
-				ev.remove(obj)
-				ev.seen(obj)
-				notify()
-			},
-		})
+		reg, err := s.addHandler(ni, notify)
 		if err != nil {
-			return fmt.Errorf("kubeapi source: adding %s event handler: %w", ni.resource, err)
+			return err
 		}
 		regs = append(regs, reg)
 		synced = append(synced, reg.HasSynced)
@@ -183,10 +219,20 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 
 	s.factory.Start(ctx.Done())
 	defer s.factory.Shutdown()
+	if s.cnp != nil {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.cnp.run(ctx, notify)
+		}()
+		defer func() { <-done }()
+		synced = append(synced, s.cnp.synced)
+	}
 	s.logger.Info("waiting for kubernetes caches to sync")
 	if cache.WaitForCacheSync(ctx.Done(), synced...) {
 		nss, pods, policies, nodes := s.objects.Counts()
-		s.logger.Info("kubernetes caches synced", "namespaces", nss, "pods", pods, "policies", policies, "nodes", nodes)
+		s.logger.Info("kubernetes caches synced", "namespaces", nss, "pods", pods, "policies", policies, "nodes", nodes,
+			"clusterPolicies", s.clusterPolicyCount())
 		notify()
 	}
 	<-ctx.Done()
@@ -209,6 +255,16 @@ func unchanged(oldObj, newObj any) bool {
 	case *corev1.Node:
 		o, ok := oldObj.(*corev1.Node)
 		return ok && equalIgnoringResourceVersion(o, n)
+	case *npav1beta1.ClusterNetworkPolicy:
+		o, ok := oldObj.(*npav1beta1.ClusterNetworkPolicy)
+		if !ok {
+			return false
+		}
+		// The status is kept for the conditions writer alone (see clusterPolicyStatus): the
+		// agents' own condition writes must not make the compiler look at the policy again.
+		x, y := *o, *n
+		x.Status, y.Status = npav1beta1.ClusterNetworkPolicyStatus{}, npav1beta1.ClusterNetworkPolicyStatus{}
+		return equalIgnoringResourceVersion(&x, &y)
 	}
 	return false
 }
@@ -227,7 +283,9 @@ func equalIgnoringResourceVersion[T any, PT interface {
 }
 
 // HasSynced reports whether all four informers have synced and their initial objects have been
-// delivered to the event handlers. It is false before Run.
+// delivered to the event handlers, and, with a client for ClusterNetworkPolicies, whether API
+// discovery has said if their CRD is served and, when it is, their informer has synced too. It is
+// false before Run.
 func (s *Source) HasSynced() bool {
 	regs := s.regs.Load()
 	if regs == nil {
@@ -238,7 +296,7 @@ func (s *Source) HasSynced() bool {
 			return false
 		}
 	}
-	return true
+	return s.cnp == nil || s.cnp.synced()
 }
 
 // Snapshot returns the valid objects delivered so far. The objects are the cached ones (already

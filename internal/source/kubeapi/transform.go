@@ -6,6 +6,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
 	"github.com/netwarden/netwarden/internal/cluster"
 )
 
@@ -19,7 +21,9 @@ import (
 //     and init containers (containers without ports are dropped, and so are container names,
 //     images...), status.phase, status.podIP and status.podIPs;
 //   - Node: spec.podCIDRs and status.addresses;
-//   - NetworkPolicy: spec.
+//   - NetworkPolicy: spec;
+//   - ClusterNetworkPolicy: metadata.generation, spec and status.conditions (read by the
+//     conditions writer, which needs them all to patch its own without losing the others').
 //
 // Tombstones (cache.DeletedFinalStateUnknown) are transformed inside. Other types pass unchanged.
 // Transform is idempotent, as client-go requires. The input is not modified, but the result shares
@@ -34,6 +38,8 @@ func Transform(obj any) (any, error) {
 		return TransformNamespace(o), nil
 	case *corev1.Node:
 		return TransformNode(o), nil
+	case *npav1beta1.ClusterNetworkPolicy:
+		return TransformClusterNetworkPolicy(o), nil
 	case cache.DeletedFinalStateUnknown:
 		inner, err := Transform(o.Obj)
 		if err != nil {
@@ -133,6 +139,19 @@ func TransformNode(node *corev1.Node) *corev1.Node {
 		Spec:       corev1.NodeSpec{PodCIDRs: node.Spec.PodCIDRs},
 		Status:     corev1.NodeStatus{Addresses: node.Status.Addresses},
 	}
+}
+
+// TransformClusterNetworkPolicy returns a copy of cnp with metadata, spec and status conditions
+// only. The spec is shared with the input: nothing defaults it.
+func TransformClusterNetworkPolicy(cnp *npav1beta1.ClusterNetworkPolicy) *npav1beta1.ClusterNetworkPolicy {
+	out := &npav1beta1.ClusterNetworkPolicy{
+		ObjectMeta: transformMeta(&cnp.ObjectMeta),
+		Spec:       cnp.Spec,
+		Status:     npav1beta1.ClusterNetworkPolicyStatus{Conditions: cnp.Status.Conditions},
+	}
+	// The conditions writer reports the generation it judged.
+	out.Generation = cnp.Generation
+	return out
 }
 
 // TransformNetworkPolicy returns a copy of np with metadata and spec only, defaulted.

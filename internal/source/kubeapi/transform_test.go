@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/cache"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 	"sigs.k8s.io/randfill"
 
 	"github.com/netwarden/netwarden/internal/cluster"
@@ -180,7 +181,8 @@ func TestTransformNode(t *testing.T) {
 			Taints:     []corev1.Taint{{Key: "k", Effect: corev1.TaintEffectNoSchedule}},
 		},
 		Status: corev1.NodeStatus{
-			Addresses:    []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.0.10"}, {Type: corev1.NodeHostName, Address: "node-1"}},
+			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.0.10"}, {Type: corev1.NodeExternalIP, Address: "203.0.113.10"},
+				{Type: corev1.NodeHostName, Address: "node-1"}},
 			Capacity:     corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")},
 			Conditions:   []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
 			Images:       []corev1.ContainerImage{{Names: []string{"nginx"}, SizeBytes: 1 << 20}},
@@ -192,7 +194,10 @@ func TestTransformNode(t *testing.T) {
 	want := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "0b8d4f6e-uid", ResourceVersion: "12345", Labels: map[string]string{"app": "web"}},
 		Spec:       corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24", "fd00:1::/64"}},
-		Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.0.10"}, {Type: corev1.NodeHostName, Address: "node-1"}}},
+		// ClusterNetworkPolicy nodes peers select by labels and match the InternalIP and
+		// ExternalIP addresses.
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.0.10"},
+			{Type: corev1.NodeExternalIP, Address: "203.0.113.10"}, {Type: corev1.NodeHostName, Address: "node-1"}}},
 	}
 	if !equality.Semantic.DeepEqual(got, want) {
 		t.Errorf("got  %s\nwant %s", toJSON(t, got), toJSON(t, want))
@@ -228,6 +233,43 @@ func TestTransformNetworkPolicy(t *testing.T) {
 	}
 	if !equality.Semantic.DeepEqual(in, orig) {
 		t.Error("Transform modified its input")
+	}
+}
+
+func TestTransformClusterNetworkPolicy(t *testing.T) {
+	in := &npav1beta1.ClusterNetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{Kind: "ClusterNetworkPolicy", APIVersion: "policy.networking.k8s.io/v1beta1"},
+		ObjectMeta: fullMeta("", "deny"),
+		Spec: npav1beta1.ClusterNetworkPolicySpec{Tier: npav1beta1.AdminTier, Priority: 3,
+			Subject: npav1beta1.ClusterNetworkPolicySubject{Namespaces: &metav1.LabelSelector{}}},
+		Status: npav1beta1.ClusterNetworkPolicyStatus{Conditions: []metav1.Condition{{Type: "Other", Status: metav1.ConditionTrue}}},
+	}
+	orig := in.DeepCopy()
+	got, _ := Transform(in)
+	want := &npav1beta1.ClusterNetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "deny", UID: "0b8d4f6e-uid", ResourceVersion: "12345", Generation: 3, Labels: map[string]string{"app": "web"}},
+		Spec:       orig.Spec,
+		Status:     orig.Status,
+	}
+	if !equality.Semantic.DeepEqual(got, want) {
+		t.Errorf("got  %s\nwant %s", toJSON(t, got), toJSON(t, want))
+	}
+	if !equality.Semantic.DeepEqual(in, orig) {
+		t.Error("Transform modified its input")
+	}
+
+	// A change of the status alone (the agents' condition) is no change for the compiler.
+	a := got.(*npav1beta1.ClusterNetworkPolicy)
+	b := TransformClusterNetworkPolicy(in)
+	b.ResourceVersion = "12346"
+	b.Status.Conditions = []metav1.Condition{{Type: "netwarden.io/Accepted", Status: metav1.ConditionTrue}}
+	if !unchanged(a, b) {
+		t.Error("a status change is a change")
+	}
+	c := TransformClusterNetworkPolicy(in)
+	c.Spec.Priority = 4
+	if unchanged(a, c) {
+		t.Error("a priority change is no change")
 	}
 }
 
@@ -283,6 +325,7 @@ func TestTransformKeepsOnlyAllowedFields(t *testing.T) {
 		{"Namespace", &corev1.Namespace{}, meta},
 		{"Node", &corev1.Node{}, append(slices.Clone(meta), "spec.podCIDRs[]", "status.addresses[].type", "status.addresses[].address")},
 		{"NetworkPolicy", &networkingv1.NetworkPolicy{}, append(slices.Clone(meta), "spec.*")},
+		{"ClusterNetworkPolicy", &npav1beta1.ClusterNetworkPolicy{}, append(slices.Clone(meta), "metadata.generation", "spec.*", "status.*")},
 	}
 	filler := randfill.NewWithSeed(1).NilChance(0).NumElements(1, 2).Funcs(
 		func(q *resource.Quantity, c randfill.Continue) { *q = resource.MustParse("1") },

@@ -3,7 +3,8 @@
 //
 // Every *.yaml, *.yml and *.json file directly in the directory is read (names starting with "."
 // are ignored; symlinks are followed). A file may hold several YAML documents and List objects.
-// Namespaces, Pods, NetworkPolicies (networking.k8s.io/v1) and Nodes are used; other kinds are
+// Namespaces, Pods, NetworkPolicies (networking.k8s.io/v1), Nodes and ClusterNetworkPolicies
+// (policy.networking.k8s.io/v1beta1, or v1alpha2 read as v1beta1) are used; other kinds are
 // skipped. Objects are decoded strictly, defaulted and validated like the API server would.
 //
 // A file is taken as a whole: a file with any problem contributes the objects of its last good
@@ -33,6 +34,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 )
@@ -422,6 +424,9 @@ func (l *loader) setObject(key objKey, obj metav1.Object) {
 	case kindPolicy:
 		o, _ := obj.(*networkingv1.NetworkPolicy)
 		l.objects.SetPolicy(k, o)
+	case kindCNP:
+		o, _ := obj.(*npav1beta1.ClusterNetworkPolicy)
+		l.objects.SetClusterPolicy(key.name, o)
 	}
 }
 

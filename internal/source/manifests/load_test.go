@@ -104,6 +104,9 @@ func keys(st *cluster.State) []string {
 	for k := range st.Nodes {
 		out = append(out, "Node "+k)
 	}
+	for k := range st.ClusterPolicies {
+		out = append(out, "ClusterNetworkPolicy "+k)
+	}
 	slices.Sort(out)
 	return out
 }

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	sjson "sigs.k8s.io/json"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/netwarden/netwarden/internal/cluster"
@@ -29,12 +30,21 @@ const (
 	kindPod       = "Pod"
 	kindPolicy    = "NetworkPolicy"
 	kindNode      = "Node"
+	kindCNP       = "ClusterNetworkPolicy"
+)
+
+// The ClusterNetworkPolicy versions read. v1alpha2 has the schema of v1beta1 (the CRD serves both
+// and converts with no webhook), so both decode into v1beta1, which is what the agent keeps.
+const (
+	cnpV1beta1  = "policy.networking.k8s.io/v1beta1"
+	cnpV1alpha2 = "policy.networking.k8s.io/v1alpha2"
 )
 
 // kindInfo describes how to decode, default and validate one supported kind.
 type kindInfo struct {
-	apiVersion string
-	namespaced bool
+	// apiVersions are the versions accepted; objects are converted to the first.
+	apiVersions []string
+	namespaced  bool
 	// decode strictly decodes raw JSON. err is a hard decoding error (the object is unusable);
 	// strict lists unknown and duplicate fields (the object is populated regardless).
 	decode func(raw []byte) (obj metav1.Object, strict []error, err error)
@@ -46,10 +56,10 @@ type kindInfo struct {
 func newKind[T any, PT interface {
 	*T
 	metav1.Object
-}](kind, apiVersion string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList) kindInfo {
+}](kind string, apiVersions []string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList) kindInfo {
 	return kindInfo{
-		apiVersion: apiVersion,
-		namespaced: namespaced,
+		apiVersions: apiVersions,
+		namespaced:  namespaced,
 		decode: func(raw []byte) (metav1.Object, []error, error) {
 			obj := PT(new(T))
 			strict, err := sjson.UnmarshalStrict(raw, obj)
@@ -57,7 +67,7 @@ func newKind[T any, PT interface {
 		},
 		prepare: func(o metav1.Object) field.ErrorList {
 			obj := o.(PT)
-			setType(obj, metav1.TypeMeta{Kind: kind, APIVersion: apiVersion})
+			setType(obj, metav1.TypeMeta{Kind: kind, APIVersion: apiVersions[0]})
 			if !namespaced {
 				obj.SetNamespace("")
 			}
@@ -67,25 +77,44 @@ func newKind[T any, PT interface {
 	}
 }
 
+var (
+	core = []string{"v1"}
+	cnp  = []string{cnpV1beta1, cnpV1alpha2}
+)
+
 var kinds = map[string]kindInfo{
-	kindNamespace: newKind(kindNamespace, "v1", false,
+	kindNamespace: newKind(kindNamespace, core, false,
 		func(o *corev1.Namespace, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNamespace, cluster.ValidateNamespace),
-	kindPod: newKind(kindPod, "v1", true,
+	kindPod: newKind(kindPod, core, true,
 		func(o *corev1.Pod, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultPod, cluster.ValidatePod),
-	kindPolicy: newKind(kindPolicy, "networking.k8s.io/v1", true,
+	kindPolicy: newKind(kindPolicy, []string{"networking.k8s.io/v1"}, true,
 		func(o *networkingv1.NetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNetworkPolicy, cluster.ValidateNetworkPolicy),
-	kindNode: newKind(kindNode, "v1", false,
+	kindNode: newKind(kindNode, core, false,
 		func(o *corev1.Node, tm metav1.TypeMeta) { o.TypeMeta = tm }, func(*corev1.Node) {}, cluster.ValidateNode),
+	kindCNP: newKind(kindCNP, cnp, false,
+		func(o *npav1beta1.ClusterNetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, stripClusterPolicy, cluster.ValidateClusterNetworkPolicy),
 }
 
-// listKinds maps the list kinds that are accepted to their apiVersion and the kind of their items
-// ("" for the generic List, whose items carry their own apiVersion and kind).
-var listKinds = map[string]struct{ apiVersion, itemKind string }{
-	"List":              {"v1", ""},
-	"NamespaceList":     {"v1", kindNamespace},
-	"PodList":           {"v1", kindPod},
-	"NetworkPolicyList": {"networking.k8s.io/v1", kindPolicy},
-	"NodeList":          {"v1", kindNode},
+// stripClusterPolicy drops what the agent does not use (status, annotations, managed fields...),
+// as the API source's transform does: at thousands of objects a file's last good content is
+// held in memory as long as it is in effect.
+func stripClusterPolicy(o *npav1beta1.ClusterNetworkPolicy) {
+	o.ObjectMeta = metav1.ObjectMeta{Name: o.Name, Labels: o.Labels, UID: o.UID, ResourceVersion: o.ResourceVersion, Generation: o.Generation}
+	o.Status = npav1beta1.ClusterNetworkPolicyStatus{}
+}
+
+// listKinds maps the list kinds that are accepted to their apiVersions and the kind of their
+// items ("" for the generic List, whose items carry their own apiVersion and kind).
+var listKinds = map[string]struct {
+	apiVersions []string
+	itemKind    string
+}{
+	"List":                     {core, ""},
+	"NamespaceList":            {core, kindNamespace},
+	"PodList":                  {core, kindPod},
+	"NetworkPolicyList":        {[]string{"networking.k8s.io/v1"}, kindPolicy},
+	"NodeList":                 {core, kindNode},
+	"ClusterNetworkPolicyList": {cnp, kindCNP},
 }
 
 // objKey identifies an object across files. ns is empty for cluster-scoped kinds.
@@ -163,7 +192,7 @@ func (p *parser) parseJSON(data []byte) {
 			continue
 		}
 		doc++
-		p.parseObject(raw, location{file: p.path, doc: doc, item: -1}, "")
+		p.parseObject(raw, location{file: p.path, doc: doc, item: -1}, "", "")
 	}
 }
 
@@ -188,7 +217,7 @@ func (p *parser) parseYAML(data []byte) {
 			continue // empty document (only comments or whitespace)
 		}
 		doc++
-		p.parseObject(j, location{file: p.path, doc: doc, line: c.line, item: -1}, "")
+		p.parseObject(j, location{file: p.path, doc: doc, line: c.line, item: -1}, "", "")
 	}
 }
 
@@ -246,9 +275,10 @@ func yamlError(err error, startLine int) error {
 	return errors.New("invalid YAML: " + msg)
 }
 
-// parseObject handles one document or List item (as JSON). itemKind is the kind implied by a
-// typed list (PodList...) for items that carry no apiVersion and kind.
-func (p *parser) parseObject(raw []byte, loc location, itemKind string) {
+// parseObject handles one document or List item (as JSON). itemKind and itemAPIVersion are the
+// kind and version implied by a typed list (PodList...) for items that carry no apiVersion and
+// kind.
+func (p *parser) parseObject(raw []byte, loc location, itemKind, itemAPIVersion string) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || raw[0] != '{' {
 		p.errs = append(p.errs, loc.errorf("not an object: expected a mapping with apiVersion and kind"))
@@ -267,7 +297,7 @@ func (p *parser) parseObject(raw []byte, loc location, itemKind string) {
 		return
 	}
 	if itemKind != "" && hdr.Kind == "" && hdr.APIVersion == "" {
-		hdr.Kind, hdr.APIVersion = itemKind, kinds[itemKind].apiVersion
+		hdr.Kind, hdr.APIVersion = itemKind, itemAPIVersion
 	}
 	loc.kind, loc.name, loc.ns = hdr.Kind, hdr.Metadata.Name, hdr.Metadata.Namespace
 	info, known := kinds[hdr.Kind]
@@ -295,7 +325,7 @@ func (p *parser) parseObject(raw []byte, loc location, itemKind string) {
 		return
 	}
 	if lk, ok := listKinds[hdr.Kind]; ok {
-		p.parseList(raw, hdr.APIVersion, lk.apiVersion, lk.itemKind, loc)
+		p.parseList(raw, hdr.APIVersion, lk.apiVersions, lk.itemKind, loc)
 		return
 	}
 	if !known {
@@ -306,8 +336,8 @@ func (p *parser) parseObject(raw []byte, loc location, itemKind string) {
 		p.logger.Info("skipping manifest of unsupported kind", args...)
 		return
 	}
-	if hdr.APIVersion != info.apiVersion {
-		p.errs = append(p.errs, loc.err(field.NotSupported(field.NewPath("apiVersion"), hdr.APIVersion, []string{info.apiVersion})))
+	if !slices.Contains(info.apiVersions, hdr.APIVersion) {
+		p.errs = append(p.errs, loc.err(field.NotSupported(field.NewPath("apiVersion"), hdr.APIVersion, info.apiVersions)))
 		return
 	}
 	obj, strict, err := info.decode(raw)
@@ -342,13 +372,13 @@ func (p *parser) parseObject(raw []byte, loc location, itemKind string) {
 	p.objs = append(p.objs, o)
 }
 
-func (p *parser) parseList(raw []byte, apiVersion, wantAPIVersion, itemKind string, loc location) {
+func (p *parser) parseList(raw []byte, apiVersion string, wantAPIVersions []string, itemKind string, loc location) {
 	if loc.item >= 0 {
 		p.errs = append(p.errs, loc.errorf("a %s may not be nested in a List", loc.kind))
 		return
 	}
-	if apiVersion != wantAPIVersion {
-		p.errs = append(p.errs, loc.err(field.NotSupported(field.NewPath("apiVersion"), apiVersion, []string{wantAPIVersion})))
+	if !slices.Contains(wantAPIVersions, apiVersion) {
+		p.errs = append(p.errs, loc.err(field.NotSupported(field.NewPath("apiVersion"), apiVersion, wantAPIVersions)))
 		return
 	}
 	var list struct {
@@ -371,7 +401,12 @@ func (p *parser) parseList(raw []byte, apiVersion, wantAPIVersion, itemKind stri
 	}
 	for i, item := range list.Items {
 		itemLoc := location{file: loc.file, doc: loc.doc, line: loc.line, item: i}
-		p.parseObject(item, itemLoc, itemKind)
+		// A typed list's items are of the list's version (v1alpha2 items in a v1alpha2 list).
+		itemAPIVersion := ""
+		if itemKind != "" {
+			itemAPIVersion = apiVersion
+		}
+		p.parseObject(item, itemLoc, itemKind, itemAPIVersion)
 	}
 }
 

@@ -72,7 +72,7 @@ func runStepsOnce(t *testing.T, steps []step, named bool) {
 		}
 		if st.sameObjects {
 			ch := s.Snapshot().Changes
-			if ch == nil || len(ch.Namespaces)+len(ch.Pods)+len(ch.Policies)+len(ch.Nodes) != 0 {
+			if ch == nil || len(ch.Namespaces)+len(ch.Pods)+len(ch.Policies)+len(ch.Nodes)+len(ch.ClusterPolicies) != 0 {
 				t.Errorf("step %d (%s): objects changed: %+v", i, st.name, ch)
 			}
 		}
