@@ -764,8 +764,10 @@ func appendMatchLines(out *[2][]string, dir policy.Direction, peers []policy.Pee
 	}
 	for _, peer := range peers {
 		for _, port := range ports {
-			ranges := port.Ranges
-			if len(ranges) == 0 {
+			// No ranges is every port. An explicit range is always compared, 0-0 too: the
+			// compiler writes that for a protocol entry it does not know, to match nothing.
+			ranges, anyPort := port.Ranges, len(port.Ranges) == 0
+			if anyPort {
 				ranges = []policy.PortRange{{}}
 			}
 			for _, fam := range peerFamilies(peer) {
@@ -784,7 +786,7 @@ func appendMatchLines(out *[2][]string, dir policy.Direction, peers []policy.Pee
 						switch {
 						case port.NamedPortSet != "":
 							parts = append(parts, "-m set --match-set "+portSet(port.NamedPortSet, fam)+" dst,dst")
-						case pr.Last != 0:
+						case !anyPort:
 							parts = append(parts, "-m "+string(port.Protocol)+" --dport "+portRange(pr))
 						}
 					}

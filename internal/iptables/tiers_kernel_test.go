@@ -453,3 +453,58 @@ func TestKernelTiersCleanupPending(t *testing.T) {
 		return nil
 	})
 }
+
+// TestKernelCompiledTiers loads what the compiler makes of real ClusterNetworkPolicies (node
+// peers, named ports of every protocol, a rule of an unknown protocol as port 0, CIDRs of both
+// families) into each iptables variant, changes it incrementally (a pod more, a new priority),
+// and requires that the kernel holds what was rendered (Verify), the same as a full sync, and
+// nothing after cleanup.
+func TestKernelCompiledTiers(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			inFreshNetNS(t, func() {
+				ctx := context.Background()
+				b, err := New(ctx, mode)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := b.Sync(ctx, compiledTiers(2, 10)); err != nil {
+					t.Fatalf("full sync: %v", err)
+				}
+				if err := b.Verify(ctx); err != nil {
+					t.Fatalf("verify: %v\n%s", err, ours(t, mode))
+				}
+				rs2 := compiledTiers(3, 11)
+				if res, err := b.Sync(ctx, rs2); err != nil || res.Full || res.Fallback != "" {
+					t.Fatalf("incremental sync: %+v %v", res, err)
+				}
+				if _, err := b.Compact(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.Verify(ctx); err != nil {
+					t.Fatalf("verify after the change: %v", err)
+				}
+				incremental := ours(t, mode)
+				if !strings.Contains(incremental, "--dport 0 -j RETURN") || !strings.Contains(incremental, chainAdminEgress) {
+					t.Fatalf("the tiers are not in the kernel:\n%s", incremental)
+				}
+				fresh, err := New(ctx, mode)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := fresh.FullSync(ctx, rs2); err != nil {
+					t.Fatal(err)
+				}
+				if full := ours(t, mode); full != incremental {
+					t.Fatalf("incremental and full sync differ:\nincremental:\n%s\nfull:\n%s", incremental, full)
+				}
+				if err := fresh.Cleanup(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if got := ours(t, mode); got != "" {
+					t.Fatalf("left after cleanup:\n%s", got)
+				}
+			})
+		})
+	}
+}

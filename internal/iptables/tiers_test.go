@@ -10,6 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -334,15 +338,20 @@ func randomPeers(r *rand.Rand, rs *policy.Ruleset) []policy.Peer {
 	return peers
 }
 
-func randomPorts(r *rand.Rand, rs *policy.Ruleset) []policy.PortMatch {
+func randomPorts(r *rand.Rand, rs *policy.Ruleset, anyProtocol bool) []policy.PortMatch {
 	var ports []policy.PortMatch
 	for range r.IntN(3) {
-		switch r.IntN(5) {
+		switch r.IntN(6) {
 		case 0:
-			ports = append(ports, policy.PortMatch{}) // every protocol
+			if anyProtocol {
+				ports = append(ports, policy.PortMatch{}) // every protocol
+			}
 		case 1:
 			name := pick(r, sortedKeys(rs.NamedPortSets))
 			ports = append(ports, policy.PortMatch{Protocol: policy.Protocol(namedPortProto(name)), NamedPortSet: name})
+		case 2:
+			// What the compiler writes for a protocol it does not know: a port no packet has.
+			ports = append(ports, policy.PortMatch{Protocol: policy.TCP, Ranges: []policy.PortRange{{}}})
 		default:
 			pm := policy.PortMatch{Protocol: pick(r, protocols)}
 			for range r.IntN(3) {
@@ -356,7 +365,10 @@ func randomPorts(r *rand.Rand, rs *policy.Ruleset) []policy.PortMatch {
 }
 
 // randomRuleset builds a Ruleset with NetworkPolicy groups and both tiers over w's pods.
-func randomRuleset(r *rand.Rand, w randomWorld) *policy.Ruleset {
+//
+// anyProtocol allows port matches of every protocol (Protocol ""), which the model allows but
+// neither compiler writes (and Ruleset.Judge does not take).
+func randomRuleset(r *rand.Rand, w randomWorld, anyProtocol bool) *policy.Ruleset {
 	rs := policy.NewRuleset()
 	all := w.all()
 	for i := range 4 {
@@ -383,7 +395,7 @@ func randomRuleset(r *rand.Rand, w randomWorld) *policy.Ruleset {
 		name := fmt.Sprintf("np/%s/%d", dir, i)
 		pr := &policy.PolicyRules{Direction: dir, Source: fmt.Sprintf("ns/np%d", i)}
 		for range r.IntN(3) {
-			pr.Rules = append(pr.Rules, policy.Rule{Peers: randomPeers(r, rs), Ports: randomPorts(r, rs)})
+			pr.Rules = append(pr.Rules, policy.Rule{Peers: randomPeers(r, rs), Ports: randomPorts(r, rs, anyProtocol)})
 		}
 		rs.Policies[name] = pr
 		byDir[dir] = append(byDir[dir], name)
@@ -411,7 +423,7 @@ func randomRuleset(r *rand.Rand, w randomWorld) *policy.Ruleset {
 		name := fmt.Sprintf("cnp/%s/%s/%d", tier, dir, i)
 		cp := &policy.ClusterPolicyRules{Tier: tier, Direction: dir, Source: fmt.Sprintf("cnp%d", i), Priority: int32(r.IntN(100))}
 		for range 1 + r.IntN(3) {
-			cp.Rules = append(cp.Rules, policy.ClusterRule{Action: pick(r, actions), Peers: randomPeers(r, rs), Ports: randomPorts(r, rs)})
+			cp.Rules = append(cp.Rules, policy.ClusterRule{Action: pick(r, actions), Peers: randomPeers(r, rs), Ports: randomPorts(r, rs, anyProtocol)})
 		}
 		rs.ClusterPolicies[name] = cp
 		if cnps[tier] == nil {
@@ -531,12 +543,40 @@ func checkVerdicts(t *testing.T, what string, rs *policy.Ruleset, r *Rendered, f
 			t.Fatalf("%s: forwarded %s allowed=%v, want %v", what, p, got, want)
 		}
 	}
+	// The policy package's own judge (what `netwarden explain` says) agrees, where it applies.
+	if !hasAnyProtocol(rs) {
+		for _, p := range fwd {
+			judged := rs.Judge(policy.Egress, p.src, p.dst, p.proto, p.dport).Allowed &&
+				rs.Judge(policy.Ingress, p.dst, p.src, p.proto, p.dport).Allowed
+			if want := refAllowed(rs, p, false); judged != want {
+				t.Fatalf("%s: %s: Ruleset.Judge says allowed=%v, the model %v", what, p, judged, want)
+			}
+		}
+	}
 	for _, p := range toNode {
 		got, _ := evalChains(t, r, chainInput, p)
 		if want := refAllowed(rs, p, true); got != want {
 			t.Fatalf("%s: to the node %s allowed=%v, want %v", what, p, got, want)
 		}
 	}
+}
+
+func hasAnyProtocol(rs *policy.Ruleset) bool {
+	for _, pr := range rs.Policies {
+		for _, r := range pr.Rules {
+			if slices.ContainsFunc(r.Ports, func(pm policy.PortMatch) bool { return pm.Protocol == "" }) {
+				return true
+			}
+		}
+	}
+	for _, cp := range rs.ClusterPolicies {
+		for _, r := range cp.Rules {
+			if slices.ContainsFunc(r.Ports, func(pm policy.PortMatch) bool { return pm.Protocol == "" }) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // TestTiersJudgeAsModel renders random Rulesets with NetworkPolicy and both tiers and runs
@@ -551,7 +591,7 @@ func TestTiersJudgeAsModel(t *testing.T) {
 	w := newRandomWorld()
 	deferredChecked := 0
 	for round := range 60 {
-		rs := randomRuleset(r, w)
+		rs := randomRuleset(r, w, round%2 == 0)
 		var rd Renderer
 		old := rd.Render(rs)
 		if old.Err() != nil {
@@ -868,4 +908,81 @@ func TestDeferredAdminTree(t *testing.T) {
 	if got := shadowMerge(old, want[:2]); !slices.Equal(got, want[:2]) {
 		t.Errorf("continuation dropped: got %q", got)
 	}
+}
+
+// compiledTiers compiles ClusterNetworkPolicies of both tiers, with every action and kind of
+// peer and port the compiler knows, over a state from stateWithPods (as the nftables backend's
+// test does), plus a rule of a protocol the compiler does not know.
+func compiledTiers(n int, adminPriority int32) *policy.Ruleset {
+	st := stateWithPods(n)
+	st.Nodes["n2"] = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.2"}, {Type: corev1.NodeInternalIP, Address: "2001:db8::2"}}}}
+	all := &metav1.LabelSelector{}
+	st.ClusterPolicies["guard"] = &npav1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "guard"},
+		Spec: npav1beta1.ClusterNetworkPolicySpec{Tier: npav1beta1.AdminTier, Priority: adminPriority,
+			Subject: npav1beta1.ClusterNetworkPolicySubject{Namespaces: all},
+			Ingress: []npav1beta1.ClusterNetworkPolicyIngressRule{
+				{Action: npav1beta1.ClusterNetworkPolicyRuleActionPass, From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: all}},
+					Protocols: []npav1beta1.ClusterNetworkPolicyProtocol{{DestinationNamedPort: "http"}}},
+				{Action: npav1beta1.ClusterNetworkPolicyRuleActionAccept, From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: all}},
+					Protocols: []npav1beta1.ClusterNetworkPolicyProtocol{{}}}, // no protocol this agent knows: matches nothing
+				{Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny, From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Pods: &npav1beta1.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}},
+					Protocols: []npav1beta1.ClusterNetworkPolicyProtocol{{UDP: &npav1beta1.ClusterNetworkPolicyProtocolUDP{DestinationPort: &npav1beta1.Port{Range: &npav1beta1.PortRange{Start: 5000, End: 6000}}}}}},
+			},
+			Egress: []npav1beta1.ClusterNetworkPolicyEgressRule{
+				{Action: npav1beta1.ClusterNetworkPolicyRuleActionAccept, To: []npav1beta1.ClusterNetworkPolicyEgressPeer{{Nodes: all}}},
+				{Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny, To: []npav1beta1.ClusterNetworkPolicyEgressPeer{{Networks: []npav1beta1.CIDR{"198.51.100.0/24", "2001:db8:1::/48"}}}},
+			}}}
+	st.ClusterPolicies["default-deny"] = &npav1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default-deny"},
+		Spec: npav1beta1.ClusterNetworkPolicySpec{Tier: npav1beta1.BaselineTier, Priority: 1,
+			Subject: npav1beta1.ClusterNetworkPolicySubject{Pods: &npav1beta1.NamespacedPod{PodSelector: *all}},
+			Ingress: []npav1beta1.ClusterNetworkPolicyIngressRule{
+				{Action: npav1beta1.ClusterNetworkPolicyRuleActionPass, From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: all}},
+					Protocols: []npav1beta1.ClusterNetworkPolicyProtocol{{SCTP: &npav1beta1.ClusterNetworkPolicyProtocolSCTP{}}}},
+				{Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny, From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{}}},
+			},
+			Egress: []npav1beta1.ClusterNetworkPolicyEgressRule{
+				{Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny, To: []npav1beta1.ClusterNetworkPolicyEgressPeer{{Networks: []npav1beta1.CIDR{"192.0.2.0/24"}}},
+					Protocols: []npav1beta1.ClusterNetworkPolicyProtocol{{TCP: &npav1beta1.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1beta1.Port{Number: 443}}}}},
+			}}}
+	// The NetworkPolicy of stateWithPods isolates the pods for ingress and egress; one pod
+	// more, outside its selector, is judged by the baseline tier.
+	st.Pods["a/other"] = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "other"},
+		Spec:   corev1.PodSpec{NodeName: "n1"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.200"}, {IP: "fd00::200"}}}}
+	rs, _ := policy.Compile(st, "n1")
+	return rs
+}
+
+// TestCompiledTiersJudgeAsExplain: what the compiler makes of real ClusterNetworkPolicies,
+// rendered and run through the rules packet by packet, decides as Ruleset.Judge (what
+// `netwarden explain` reports) and the model do.
+func TestCompiledTiersJudgeAsExplain(t *testing.T) {
+	rs := compiledTiers(3, 10)
+	if len(rs.Admin.Dispatch[policy.Ingress]) == 0 || len(rs.Baseline.Dispatch[policy.Egress]) == 0 {
+		t.Fatal("the compiler put no pod in the tiers: the test proves nothing")
+	}
+	r := Render(rs)
+	if r.Err() != nil {
+		t.Fatal(r.Err())
+	}
+	addrs := []netip.Addr{}
+	for _, s := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.200", "192.0.2.2", "192.0.2.7", "192.0.2.99", "198.51.100.1", "8.8.8.8",
+		"fd00::1", "fd00::2", "fd00::200", "2001:db8::2", "2001:db8:1::1", "fd00:1::1"} {
+		addrs = append(addrs, netip.MustParseAddr(s))
+	}
+	var fwd []packet
+	for _, src := range addrs {
+		for _, dst := range addrs {
+			if src == dst || src.Is6() != dst.Is6() {
+				continue
+			}
+			for _, proto := range protocols {
+				for _, port := range []uint16{80, 443, 5500, 8000, 8001} {
+					fwd = append(fwd, packet{src: src, dst: dst, proto: proto, dport: port})
+				}
+			}
+		}
+	}
+	checkVerdicts(t, "compiled", rs, r, fwd, nil)
 }
