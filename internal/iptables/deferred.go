@@ -19,11 +19,15 @@ import (
 //     only from shadowed rules;
 //   - in a dispatch chain, a rule that is replaced or removed stays where it is, and the new
 //     rules are inserted in front of it. A removed rule gets a "-j RETURN" for its prefix in
-//     front of it, so its addresses are no longer isolated. Dispatch rules are first-match
-//     final (-g to a chain that ends in DROP, or RETURN), so the kernel judges every packet
-//     exactly as the new rendering would.
+//     front of it, so its addresses are no longer isolated; in the Admin tier's chains, whose
+//     last rule goes on to the NetworkPolicy stage ("-g NETWARDEN-EGRESS"), it gets that goto
+//     for its prefix instead. Dispatch rules are first-match final (-g to a chain that decides,
+//     or RETURN), so the kernel judges every packet exactly as the new rendering would.
 //
-// Set members still leave their sets at once: a member is looked up by live rules.
+// Set members still leave their sets at once: a member is looked up by live rules. A change
+// that edits any other chain in place by more than insertions (a group's rules, or the jump of
+// NETWARDEN-FORWARD/-INPUT that moves to the Admin tier's root when a family gets its first
+// Admin pod, and back after its last) is applied with its removals at once.
 
 // withDeferredRemovals returns what the kernel holds when want is applied to kernel (the
 // previous rendering, without deferred removals of its own) by additions only, as described
@@ -62,10 +66,11 @@ func withDeferredRemovals(kernel, want *Rendered) *Rendered {
 }
 
 func isDispatchChain(name string) bool {
-	if name == chainEgress || name == chainIngress {
+	switch name {
+	case chainEgress, chainIngress, chainAdminEgress, chainAdminIngress:
 		return true
 	}
-	for _, kind := range []string{"E4-", "E6-", "I4-", "I6-"} {
+	for _, kind := range []string{"E4-", "E6-", "I4-", "I6-", "AE4-", "AE6-", "AI4-", "AI6-"} {
 		if strings.HasPrefix(name, ChainPrefix+kind) {
 			return true
 		}
@@ -93,16 +98,51 @@ func parseDispatchRule(rule string) (dispatchRule, bool) {
 }
 
 // shadowMerge returns old with want's new rules inserted, so that the first rule matching any
-// address is want's rule for it, or a RETURN when want has none. old must be a clean
-// rendering: rules sorted by address with disjoint prefixes, as want's are. When a rule is not
-// of the dispatch form, it returns want, and the change is applied with removals.
+// address is want's rule for it, or else what the chain does with an address no rule leads
+// anywhere: a RETURN, or the chain's continuation (its last rule, "-g CHAIN") when it has one.
+// old must be a clean rendering: rules sorted by address with disjoint prefixes, as want's are.
+// When a rule is not of the dispatch form, or the continuations differ, it returns want, and
+// the change is applied with removals.
 func shadowMerge(old, want []string) []string {
+	oldCont, oldBody := splitContinuation(old)
+	wantCont, wantBody := splitContinuation(want)
+	if oldCont != wantCont {
+		return want
+	}
+	fall := "-j RETURN"
+	if wantCont != "" {
+		fall = wantCont
+	}
+	out, ok := shadowMergeBody(oldBody, wantBody, fall)
+	if !ok {
+		return want
+	}
+	if wantCont != "" {
+		out = append(out, wantCont)
+	}
+	return out
+}
+
+// splitContinuation cuts a dispatch chain's continuation, a last rule "-g CHAIN" that matches
+// every packet, from its rules.
+func splitContinuation(rules []string) (cont string, body []string) {
+	if n := len(rules); n > 0 {
+		if f := strings.Fields(rules[n-1]); len(f) == 2 && f[0] == "-g" {
+			return rules[n-1], rules[:n-1]
+		}
+	}
+	return "", rules
+}
+
+// shadowMergeBody merges dispatch rules as shadowMerge says; fall is the target that sends an
+// address on as no rule of the chain matched it.
+func shadowMergeBody(old, want []string, fall string) ([]string, bool) {
 	inWant := make(map[string]bool, len(want))
 	for _, r := range want {
 		inWant[r] = true
 	}
 	inOld := make(map[string]bool, len(old))
-	// units are old's rules in order, a removed one preceded by its RETURN.
+	// units are old's rules in order, a removed one preceded by its shadow.
 	type unit struct {
 		rule  dispatchRule
 		lines []string
@@ -111,12 +151,12 @@ func shadowMerge(old, want []string) []string {
 	for _, r := range old {
 		d, ok := parseDispatchRule(r)
 		if !ok {
-			return want
+			return nil, false
 		}
 		inOld[r] = true
 		u := unit{rule: d, lines: []string{r}}
 		if !inWant[r] {
-			u.lines = []string{fmt.Sprintf("%s %s -j RETURN", d.flag, d.prefix), r}
+			u.lines = []string{fmt.Sprintf("%s %s %s", d.flag, d.prefix, fall), r}
 		}
 		units = append(units, u)
 	}
@@ -137,7 +177,7 @@ func shadowMerge(old, want []string) []string {
 		}
 		w, ok := parseDispatchRule(r)
 		if !ok {
-			return want
+			return nil, false
 		}
 		// A new rule goes in front of the first old rule that overlaps it or starts after it.
 		for next < len(units) {
@@ -153,7 +193,7 @@ func shadowMerge(old, want []string) []string {
 	for ; next < len(units); next++ {
 		out = append(out, units[next].lines...)
 	}
-	return out
+	return out, true
 }
 
 // subsequenceEdits returns the -I lines that turn old into new when old is a subsequence of

@@ -28,7 +28,7 @@ func dispatchRendering(pods map[netip.Addr]string) *Rendered {
 	}
 	for fam := range leaves {
 		slices.SortFunc(leaves[fam], func(a, b dispatchLeaf) int { return a.ip.Compare(b.ip) })
-		r.dispatchTree(fam, chainEgress, "E"+famDigit(fam), "-s", leaves[fam])
+		r.dispatchTree(fam, chainEgress, "E"+famDigit(fam), "-s", leaves[fam], "")
 	}
 	return r
 }

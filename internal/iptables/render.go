@@ -11,6 +11,30 @@
 //	NETWARDEN-E4/E6/I4/I6-<hash>  the same for the pods of one block of 16 addresses
 //	NETWARDEN-G-<hash> the rules of the group's policies, each ending in RETURN; then DROP
 //
+// With ClusterNetworkPolicy tiers, per direction (egress shown; ingress is the same with -d):
+//
+//	NETWARDEN-FORWARD/INPUT  -j NETWARDEN-ADMIN-EGRESS instead of -j NETWARDEN-EGRESS, in a
+//	                   family where some local pod is a subject of the Admin tier
+//	NETWARDEN-ADMIN-EGRESS  -s <pod IP> -g NETWARDEN-A-<hash>, or -s <subprefix> -g
+//	                   NETWARDEN-AE4-<hash> (whose rules end likewise); then -g NETWARDEN-EGRESS
+//	NETWARDEN-A-<hash> an Admin group: its policies' rules in the group's order, Accept -j RETURN,
+//	                   Deny -j DROP, Pass -g NETWARDEN-EGRESS; then -g NETWARDEN-EGRESS
+//	NETWARDEN-EGRESS   the tree above leads each pod isolated by NetworkPolicy to its
+//	                   NETWARDEN-G- chain, and each other pod that is a subject of the Baseline
+//	                   tier to its NETWARDEN-B- chain; any other address falls through (allowed)
+//	NETWARDEN-B-<hash> a Baseline group: its policies' rules in the group's order, Deny -j DROP,
+//	                   Accept and Pass -j RETURN; falling off the end allows
+//
+// Everything below NETWARDEN-EGRESS/-INGRESS (or the Admin root) is entered by -g, so a RETURN
+// anywhere, or falling off the end of any of those chains, ends the judgement of that direction
+// as allowed and returns to NETWARDEN-FORWARD (which goes on to the other direction) or
+// NETWARDEN-INPUT; a DROP ends
+// the packet. So an Admin Accept skips NetworkPolicy and the Baseline tier of its direction
+// only, and an Admin Pass (or no Admin rule matching) continues with the NetworkPolicy stage by
+// goto. A pod isolated by NetworkPolicy is never led to the Baseline tier, which is how the
+// Baseline tier is judged only for pods that NetworkPolicy leaves alone. When a Ruleset has no
+// tiers the layout is exactly the first one.
+//
 // Dispatch is a tree of address compares rather than a rule per group with an ipset lookup:
 // both are bounded by the node's pods, but a compare costs far less than a set lookup, and the
 // two-level tree crosses a few dozen of them per direction at most.
@@ -51,6 +75,13 @@ const (
 	chainIngress = ChainPrefix + "INGRESS"
 	groupPrefix  = ChainPrefix + "G-"
 
+	// The ClusterNetworkPolicy tiers: the Admin tier's dispatch roots, and its and the
+	// Baseline tier's group chains.
+	chainAdminEgress    = ChainPrefix + "ADMIN-EGRESS"
+	chainAdminIngress   = ChainPrefix + "ADMIN-INGRESS"
+	adminGroupPrefix    = ChainPrefix + "A-"
+	baselineGroupPrefix = ChainPrefix + "B-"
+
 	// swapSet is the temporary set a full sync fills and swaps with a live one, so a set is
 	// never seen empty or half-filled.
 	swapSet = SetPrefix + "swap"
@@ -88,6 +119,8 @@ func famDigit(fam int) string {
 // Names derived from Ruleset names: the kind and family are spelled out, the Ruleset name is
 // hashed, so names are deterministic and short whatever the namespace and policy names.
 func groupChain(group string) string     { return groupPrefix + hashOf(group) }
+func adminChain(group string) string     { return adminGroupPrefix + hashOf(group) }
+func baselineChain(group string) string  { return baselineGroupPrefix + hashOf(group) }
 func podSet(name string, fam int) string { return SetPrefix + "p" + famDigit(fam) + "-" + hashOf(name) }
 func cidrSet(name string, fam int) string {
 	return SetPrefix + "c" + famDigit(fam) + "-" + hashOf(name)
@@ -252,11 +285,13 @@ type renderCache struct {
 	namedSets map[*policy.NamedPortSet][2]*ipset
 	cidrSets  map[*policy.CIDRSet]*ipset
 	policies  map[*policy.PolicyRules][2][]string
+	cluster   map[*policy.ClusterPolicyRules][2][]string
 }
 
 func newRenderCache() renderCache {
 	return renderCache{addrSets: map[*policy.AddrSet][2]*ipset{}, namedSets: map[*policy.NamedPortSet][2]*ipset{},
-		cidrSets: map[*policy.CIDRSet]*ipset{}, policies: map[*policy.PolicyRules][2][]string{}}
+		cidrSets: map[*policy.CIDRSet]*ipset{}, policies: map[*policy.PolicyRules][2][]string{},
+		cluster: map[*policy.ClusterPolicyRules][2][]string{}}
 }
 
 // Render turns a Ruleset into kernel content with a fresh Renderer.
@@ -270,12 +305,60 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	if rd.prev.addrSets == nil {
 		rd.prev = newRenderCache()
 	}
-	rs, skipped := policy.FailClosed(rs, policyChecker(rs))
+	rs, skipped := failClosed(rs)
 	r := &Rendered{Sets: map[string]*ipset{}, Sources: map[string]string{}, GroupPolicies: map[string][]string{}, Skipped: skipped}
 	for fam := range r.Chains {
 		r.Chains[fam] = map[string][]string{}
 	}
 
+	// Which families each group has pods in: a group chain exists only where a dispatch
+	// rule leads to it. The Admin tier has a root of its own in each direction and family
+	// where it has pods, and the built-in chains jump there instead.
+	var used, usedAdmin, usedBaseline = map[string][2]bool{}, map[string][2]bool{}, map[string][2]bool{}
+	// The direction each tier group is dispatched in, which its chain must judge.
+	tierDirs := map[policy.TierName]map[string]policy.Direction{policy.AdminTier: {}, policy.BaselineTier: {}}
+	entry := map[policy.Direction][2]string{}
+	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+		kind, flag := "I", "-d"
+		if dir == policy.Egress {
+			kind, flag = "E", "-s"
+		}
+		var leaves, admin [2][]dispatchLeaf
+		for ip, grp := range rs.Dispatch[dir] {
+			fam := famOf(ip)
+			leaves[fam] = append(leaves[fam], dispatchLeaf{ip: ip, chain: r.name(groupChain(grp), grp)})
+			markUsed(used, grp, fam)
+		}
+		// The Baseline tier judges only pods that NetworkPolicy does not isolate, so its
+		// groups share the NetworkPolicy tree: an address leads to one or the other.
+		for ip, grp := range rs.Baseline.Dispatch[dir] {
+			if _, isolated := rs.Dispatch[dir][ip]; isolated {
+				continue
+			}
+			fam := famOf(ip)
+			leaves[fam] = append(leaves[fam], dispatchLeaf{ip: ip, chain: r.name(baselineChain(grp), "baseline "+grp)})
+			markUsed(usedBaseline, grp, fam)
+			r.tierDirection(tierDirs[policy.BaselineTier], grp, dir)
+		}
+		for ip, grp := range rs.Admin.Dispatch[dir] {
+			fam := famOf(ip)
+			admin[fam] = append(admin[fam], dispatchLeaf{ip: ip, chain: r.name(adminChain(grp), "admin "+grp)})
+			markUsed(usedAdmin, grp, fam)
+			r.tierDirection(tierDirs[policy.AdminTier], grp, dir)
+		}
+		var e [2]string
+		for fam := range leaves {
+			sortLeaves(leaves[fam])
+			r.dispatchTree(fam, npRoot(dir), kind+famDigit(fam), flag, leaves[fam], "")
+			e[fam] = npRoot(dir)
+			if len(admin[fam]) > 0 {
+				sortLeaves(admin[fam])
+				r.dispatchTree(fam, adminRoot(dir), "A"+kind+famDigit(fam), flag, admin[fam], "-g "+npRoot(dir))
+				e[fam] = adminRoot(dir)
+			}
+		}
+		entry[dir] = e
+	}
 	for fam := range r.Chains {
 		prelude := []string{"-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"}
 		if fam == v6 {
@@ -285,37 +368,11 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		}
 		// Egress is judged on every packet from a pod, forwarded or delivered to the node;
 		// the filter table sees it after DNAT, so a Service address is already its endpoint.
-		r.Chains[fam][chainForward] = append(slices.Clip(prelude), "-j "+chainEgress, "-j "+chainIngress)
-		r.Chains[fam][chainInput] = append(slices.Clip(prelude), "-j "+chainEgress)
-		r.Chains[fam][chainEgress] = nil
-		r.Chains[fam][chainIngress] = nil
+		egress, ingress := entry[policy.Egress][fam], entry[policy.Ingress][fam]
+		r.Chains[fam][chainForward] = append(slices.Clip(prelude), "-j "+egress, "-j "+ingress)
+		r.Chains[fam][chainInput] = append(slices.Clip(prelude), "-j "+egress)
 	}
 
-	// Which families each group has pods in: a group chain exists only where a dispatch
-	// rule leads to it.
-	used := map[string][2]bool{}
-	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
-		kind, flag := "I", "-d"
-		root := chainIngress
-		if dir == policy.Egress {
-			kind, flag, root = "E", "-s", chainEgress
-		}
-		var leaves [2][]dispatchLeaf
-		for ip, grp := range rs.Dispatch[dir] {
-			fam := v4
-			if ip.Is6() {
-				fam = v6
-			}
-			leaves[fam] = append(leaves[fam], dispatchLeaf{ip: ip, chain: r.name(groupChain(grp), grp)})
-			u := used[grp]
-			u[fam] = true
-			used[grp] = u
-		}
-		for fam := range leaves {
-			sort.Slice(leaves[fam], func(a, b int) bool { return leaves[fam][a].ip.Less(leaves[fam][b].ip) })
-			r.dispatchTree(fam, root, kind+famDigit(fam), flag, leaves[fam])
-		}
-	}
 	for _, name := range sortedKeys(rs.Groups) {
 		g := rs.Groups[name]
 		for fam := range r.Chains {
@@ -342,6 +399,8 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 			r.GroupPolicies[chain] = g.Policies
 		}
 	}
+	rd.tierGroups(r, rs, policy.AdminTier, usedAdmin, tierDirs[policy.AdminTier])
+	rd.tierGroups(r, rs, policy.BaselineTier, usedBaseline, tierDirs[policy.BaselineTier])
 	// Policy rules name their sets through the hash of the Ruleset name; record the sources
 	// here, where each name is known, so collisions are found.
 	for name, as := range rs.AddrSets {
@@ -401,6 +460,106 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	return r
 }
 
+// tierGroups writes the group chains of one ClusterNetworkPolicy tier, for the families its
+// dispatch leads to them in: each group's policies' rules in the order the group lists them.
+// An Admin group that no rule decides goes on with the NetworkPolicy stage; a Baseline group
+// falls off its end, which allows. Rules at the end of a chain that do what its end does
+// anyway are left out.
+//
+// A group, and each policy in it, must be of the tier and the direction the group is
+// dispatched in: an Admin group's Pass and end go on with that direction's NetworkPolicy
+// stage. Anything else is a render error rather than a packet judged by the wrong direction.
+func (rd *Renderer) tierGroups(r *Rendered, rs *policy.Ruleset, tier policy.TierName, used map[string][2]bool, dirs map[string]policy.Direction) {
+	t := rs.Tier(tier)
+	for _, name := range sortedKeys(t.Groups) {
+		g := t.Groups[name]
+		dir, dispatched := dirs[name]
+		if !dispatched {
+			continue // no pod: no chain
+		}
+		if g.Direction != dir {
+			r.fail(fmt.Errorf("%s tier group %s of direction %q is dispatched for %s", tier, name, g.Direction, dir))
+		}
+		for _, p := range g.Policies {
+			if cp, ok := rs.ClusterPolicies[p]; ok && (cp.Tier != tier || cp.Direction != dir) {
+				r.fail(fmt.Errorf("%s tier group %s (%s) lists %s, a policy of the %s tier for %s", tier, name, dir, p, cp.Tier, cp.Direction))
+			}
+		}
+		chain, end := baselineChain(name), "-j RETURN"
+		if tier == policy.AdminTier {
+			chain, end = adminChain(name), "-g "+npRoot(dir)
+		}
+		var described []string
+		for _, p := range g.Policies {
+			if cp, ok := rs.ClusterPolicies[p]; ok {
+				described = append(described, fmt.Sprintf("%s (%s, priority %d)", p, cp.Source, cp.Priority))
+			}
+		}
+		for fam := range r.Chains {
+			if !used[name][fam] {
+				continue
+			}
+			var rules []string
+			for _, p := range g.Policies {
+				cp, ok := rs.ClusterPolicies[p]
+				if !ok {
+					continue
+				}
+				lines, ok := rd.cur.cluster[cp]
+				if !ok {
+					if lines, ok = rd.prev.cluster[cp]; !ok {
+						var err error
+						if lines, err = clusterPolicyLines(cp); err != nil {
+							r.fail(err)
+							continue // not cached: the next render reports it again
+						}
+					}
+					rd.cur.cluster[cp] = lines
+				}
+				rules = append(rules, lines[fam]...)
+			}
+			for len(rules) > 0 && (rules[len(rules)-1] == end || strings.HasSuffix(rules[len(rules)-1], " "+end)) {
+				rules = rules[:len(rules)-1]
+			}
+			if tier == policy.AdminTier {
+				rules = append(rules, end)
+			}
+			if rules == nil {
+				rules = []string{}
+			}
+			r.Chains[fam][chain] = rules
+			r.GroupPolicies[chain] = described
+		}
+	}
+}
+
+// failClosed applies policy.FailClosed with this backend's check. That leaves out the sets no
+// remaining NetworkPolicy uses, which ClusterNetworkPolicies may still need: those are kept.
+func failClosed(rs *policy.Ruleset) (*policy.Ruleset, []policy.SkippedPolicy) {
+	out, skipped := policy.FailClosed(rs, policyChecker(rs))
+	if out == rs || len(rs.ClusterPolicies) == 0 {
+		return out, skipped
+	}
+	for _, cp := range rs.ClusterPolicies {
+		for _, rule := range cp.Rules {
+			for _, p := range rule.Peers {
+				if s, ok := rs.AddrSets[p.AddrSet]; ok && p.AddrSet != "" {
+					out.AddrSets[p.AddrSet] = s
+				}
+				if s, ok := rs.CIDRSets[p.CIDRSet]; ok && p.CIDRSet != "" {
+					out.CIDRSets[p.CIDRSet] = s
+				}
+			}
+			for _, pm := range rule.Ports {
+				if s, ok := rs.NamedPortSets[pm.NamedPortSet]; ok && pm.NamedPortSet != "" {
+					out.NamedPortSets[pm.NamedPortSet] = s
+				}
+			}
+		}
+	}
+	return out, skipped
+}
+
 // dispatchChain names the dispatch chain for a subprefix; kind is E or I and the family digit.
 func dispatchChain(kind string, p netip.Prefix) string {
 	return ChainPrefix + kind + "-" + hashOf(p.String())[:maxChainName-len(ChainPrefix)-len(kind)-1]
@@ -417,7 +576,11 @@ type dispatchLeaf struct {
 // group"). A node's pods come from its pod CIDR, so a packet crosses a few dozen cheap address
 // compares at most. The blocks are fixed by the addresses, not by which pods exist, so a pod
 // added or removed rewrites its block's chain and at most the root. Entries are sorted.
-func (r *Rendered) dispatchTree(fam int, root, kind, flag string, leaves []dispatchLeaf) {
+//
+// cont, when set, is the rule that ends the root and every block chain: where an address that
+// no rule leads to a group goes on (the Admin tree's "-g NETWARDEN-EGRESS"). Without it such
+// an address falls off the end, which allows it.
+func (r *Rendered) dispatchTree(fam int, root, kind, flag string, leaves []dispatchLeaf, cont string) {
 	bits := addrBits(fam)
 	rule := func(p netip.Prefix, target string) string { return fmt.Sprintf("%s %s -g %s", flag, p, target) }
 	rules := []string{}
@@ -432,15 +595,71 @@ func (r *Rendered) dispatchTree(fam int, root, kind, flag string, leaves []dispa
 		} else {
 			child := r.name(dispatchChain(kind, block), kind+" "+block.String())
 			rules = append(rules, rule(block, child))
-			inner := make([]string, 0, end-start)
+			inner := make([]string, 0, end-start+1)
 			for _, l := range leaves[start:end] {
 				inner = append(inner, rule(netip.PrefixFrom(l.ip, bits), l.chain))
+			}
+			if cont != "" {
+				inner = append(inner, cont)
 			}
 			r.Chains[fam][child] = inner
 		}
 		start = end
 	}
+	if cont != "" {
+		rules = append(rules, cont)
+	}
 	r.Chains[fam][root] = rules
+}
+
+func famOf(ip netip.Addr) int {
+	if ip.Is6() {
+		return v6
+	}
+	return v4
+}
+
+// tierDirection records that a tier group is dispatched in dir; one group in both
+// directions is a render error.
+func (r *Rendered) tierDirection(dirs map[string]policy.Direction, grp string, dir policy.Direction) {
+	if d, ok := dirs[grp]; ok && d != dir {
+		r.fail(fmt.Errorf("tier group %s is dispatched for both %s and %s", grp, d, dir))
+	}
+	dirs[grp] = dir
+}
+
+// fail records the first error that makes r unusable.
+func (r *Rendered) fail(err error) {
+	if r.err == nil {
+		r.err = err
+	}
+}
+
+func markUsed(used map[string][2]bool, grp string, fam int) {
+	u := used[grp]
+	u[fam] = true
+	used[grp] = u
+}
+
+func sortLeaves(leaves []dispatchLeaf) {
+	sort.Slice(leaves, func(a, b int) bool { return leaves[a].ip.Less(leaves[b].ip) })
+}
+
+// npRoot is the root of a direction's NetworkPolicy and Baseline dispatch: where an Admin
+// Pass, and an Admin group that no rule of decides, go on.
+func npRoot(dir policy.Direction) string {
+	if dir == policy.Egress {
+		return chainEgress
+	}
+	return chainIngress
+}
+
+// adminRoot is the root of a direction's Admin tier dispatch.
+func adminRoot(dir policy.Direction) string {
+	if dir == policy.Egress {
+		return chainAdminEgress
+	}
+	return chainAdminIngress
 }
 
 func addrBits(fam int) int {
@@ -497,53 +716,85 @@ func prefixMember(p netip.Prefix) string {
 // policyLines expands one policy's rules into iptables rule specifications per family: one per
 // peer, port range and family. Any of them matching returns, which allows the packet.
 func policyLines(p *policy.PolicyRules) [2][]string {
-	peerDir := "src"
-	if p.Direction == policy.Egress {
-		peerDir = "dst"
-	}
 	var out [2][]string
 	for _, rule := range p.Rules {
-		peers := rule.Peers
-		if len(peers) == 0 {
-			peers = []policy.Peer{{}}
+		appendMatchLines(&out, p.Direction, rule.Peers, rule.Ports, "-j RETURN")
+	}
+	return out
+}
+
+// clusterPolicyLines expands one ClusterNetworkPolicy direction's rules, in order, like
+// policyLines; each rule's lines end in its action: Accept returns (this direction is
+// allowed), Deny drops, and Pass goes on with the NetworkPolicy stage in the Admin tier and
+// returns (allows) in the Baseline tier.
+func clusterPolicyLines(p *policy.ClusterPolicyRules) ([2][]string, error) {
+	var out [2][]string
+	for i, rule := range p.Rules {
+		var target string
+		switch rule.Action {
+		case policy.Accept:
+			target = "-j RETURN"
+		case policy.Deny:
+			target = "-j DROP"
+		case policy.Pass:
+			target = "-j RETURN"
+			if p.Tier == policy.AdminTier {
+				target = "-g " + npRoot(p.Direction)
+			}
+		default:
+			return out, fmt.Errorf("ClusterNetworkPolicy %s: rule %d has unknown action %q", p.Source, i, rule.Action)
 		}
-		ports := rule.Ports
-		if len(ports) == 0 {
-			ports = []policy.PortMatch{{}}
-		}
-		for _, peer := range peers {
-			for _, port := range ports {
-				ranges := port.Ranges
-				if len(ranges) == 0 {
-					ranges = []policy.PortRange{{}}
-				}
-				for _, fam := range peerFamilies(peer) {
-					for _, pr := range ranges {
-						var parts []string
-						if port.Protocol != "" {
-							parts = append(parts, "-p "+string(port.Protocol))
-						}
-						switch {
-						case peer.AddrSet != "":
-							parts = append(parts, "-m set --match-set "+podSet(peer.AddrSet, fam)+" "+peerDir)
-						case peer.CIDRSet != "":
-							parts = append(parts, "-m set --match-set "+cidrSet(peer.CIDRSet, fam)+" "+peerDir)
-						}
-						if port.Protocol != "" {
-							switch {
-							case port.NamedPortSet != "":
-								parts = append(parts, "-m set --match-set "+portSet(port.NamedPortSet, fam)+" dst,dst")
-							case pr.Last != 0:
-								parts = append(parts, "-m "+string(port.Protocol)+" --dport "+portRange(pr))
-							}
-						}
-						out[fam] = append(out[fam], strings.Join(append(parts, "-j RETURN"), " "))
+		appendMatchLines(&out, p.Direction, rule.Peers, rule.Ports, target)
+	}
+	return out, nil
+}
+
+// appendMatchLines appends to out the lines of one rule (any of peers, any of ports; none
+// means any), each ending in target.
+func appendMatchLines(out *[2][]string, dir policy.Direction, peers []policy.Peer, ports []policy.PortMatch, target string) {
+	peerDir := "src"
+	if dir == policy.Egress {
+		peerDir = "dst"
+	}
+	if len(peers) == 0 {
+		peers = []policy.Peer{{}}
+	}
+	if len(ports) == 0 {
+		ports = []policy.PortMatch{{}}
+	}
+	for _, peer := range peers {
+		for _, port := range ports {
+			// No ranges is every port. An explicit range is always compared, 0-0 too: the
+			// compiler writes that for a protocol entry it does not know, to match nothing.
+			ranges, anyPort := port.Ranges, len(port.Ranges) == 0
+			if anyPort {
+				ranges = []policy.PortRange{{}}
+			}
+			for _, fam := range peerFamilies(peer) {
+				for _, pr := range ranges {
+					var parts []string
+					if port.Protocol != "" {
+						parts = append(parts, "-p "+string(port.Protocol))
 					}
+					switch {
+					case peer.AddrSet != "":
+						parts = append(parts, "-m set --match-set "+podSet(peer.AddrSet, fam)+" "+peerDir)
+					case peer.CIDRSet != "":
+						parts = append(parts, "-m set --match-set "+cidrSet(peer.CIDRSet, fam)+" "+peerDir)
+					}
+					if port.Protocol != "" {
+						switch {
+						case port.NamedPortSet != "":
+							parts = append(parts, "-m set --match-set "+portSet(port.NamedPortSet, fam)+" dst,dst")
+						case !anyPort:
+							parts = append(parts, "-m "+string(port.Protocol)+" --dport "+portRange(pr))
+						}
+					}
+					out[fam] = append(out[fam], strings.Join(append(parts, target), " "))
 				}
 			}
 		}
 	}
-	return out
 }
 
 // peerFamilies returns the families a peer needs a rule in. Unlike an inet table, iptables and

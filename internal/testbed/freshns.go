@@ -16,17 +16,7 @@ import (
 // a missing command is a failure, because make deps installs them all.
 func InFreshNetNS(t testing.TB, fn func(), commands ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("kernel test needs root, and CI must run it")
-		}
-		t.Skip("skipping: kernel test needs root")
-	}
-	for _, cmd := range commands {
-		if _, err := exec.LookPath(cmd); err != nil {
-			t.Fatalf("%s not installed (make deps installs it): %v", cmd, err)
-		}
-	}
+	RequireKernel(t, commands...)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()
@@ -45,4 +35,23 @@ func InFreshNetNS(t testing.TB, fn func(), commands ...string) {
 		}
 	}()
 	fn()
+}
+
+// RequireKernel is the check of InFreshNetNS for kernel tests that make network namespaces of
+// their own (a Bed): it fails the test when not root in CI (CI must run every kernel test) and
+// skips it, saying why, elsewhere; a missing command is a failure, because make deps installs
+// them all.
+func RequireKernel(t testing.TB, commands ...string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("kernel test needs root, and CI must run it")
+		}
+		t.Skip("skipping: kernel test needs root")
+	}
+	for _, cmd := range commands {
+		if _, err := exec.LookPath(cmd); err != nil {
+			t.Fatalf("%s not installed (make deps installs it): %v", cmd, err)
+		}
+	}
 }
