@@ -455,7 +455,7 @@ func TestKernelTiersCleanupPending(t *testing.T) {
 }
 
 // TestKernelCompiledTiers loads what the compiler makes of real ClusterNetworkPolicies (node
-// peers, named ports of every protocol, a rule of an unknown protocol as port 0, CIDRs of both
+// peers, named ports of every protocol, a rule of an unknown protocol (left out), CIDRs of both
 // families) into each iptables variant, changes it incrementally (a pod more, a new priority),
 // and requires that the kernel holds what was rendered (Verify), the same as a full sync, and
 // nothing after cleanup.
@@ -485,7 +485,7 @@ func TestKernelCompiledTiers(t *testing.T) {
 					t.Fatalf("verify after the change: %v", err)
 				}
 				incremental := ours(t, mode)
-				if !strings.Contains(incremental, "--dport 0 -j RETURN") || !strings.Contains(incremental, chainAdminEgress) {
+				if strings.Contains(incremental, "--dport 0 ") || !strings.Contains(incremental, chainAdminEgress) {
 					t.Fatalf("the tiers are not in the kernel:\n%s", incremental)
 				}
 				fresh, err := New(ctx, mode)

@@ -239,16 +239,26 @@ func (cc *Compiler) compileClusterRule(ccp *compiledClusterPolicy, name string, 
 	} else if len(rule.Peers) == 0 {
 		return rule, false
 	}
-	rule.Ports = compileClusterPorts(ccp, protocols)
+	ports, known := compileClusterPorts(ccp, protocols)
+	if !known {
+		// Only protocol entries of no kind this agent knows (a later API version): fail
+		// closed as for peers, admitting nothing and denying or passing every port.
+		if rule.Action == Accept {
+			return rule, false
+		}
+		ports = nil
+	}
+	rule.Ports = ports
 	return rule, true
 }
 
 // compileClusterPorts turns a rule's protocols into port matches; none means every port and
 // protocol. A named port has no protocol of its own: it matches the container port of that
-// name whatever its protocol.
-func compileClusterPorts(ccp *compiledClusterPolicy, protocols []npav1beta1.ClusterNetworkPolicyProtocol) []PortMatch {
+// name whatever its protocol. known is false when protocols are given but none is of a kind
+// this agent knows.
+func compileClusterPorts(ccp *compiledClusterPolicy, protocols []npav1beta1.ClusterNetworkPolicyProtocol) (ports []PortMatch, known bool) {
 	if len(protocols) == 0 {
-		return nil
+		return nil, true
 	}
 	var nps []networkingv1.NetworkPolicyPort
 	add := func(proto corev1.Protocol, p *npav1beta1.Port) {
@@ -280,13 +290,10 @@ func compileClusterPorts(ccp *compiledClusterPolicy, protocols []npav1beta1.Clus
 		}
 	}
 	if len(nps) == 0 {
-		// Only protocol entries of no kind this agent knows: fail closed, as for peers, by
-		// matching a port no packet carries. Port 0 is never a destination port of TCP, UDP
-		// or SCTP traffic.
-		return []PortMatch{{Protocol: TCP, Ranges: []PortRange{{0, 0}}}}
+		return nil, false
 	}
 	cp := &compiledPolicy{namedSets: ccp.namedSets}
-	return compilePorts(cp, nps)
+	return compilePorts(cp, nps), true
 }
 
 // nodeAddrSets publishes the node peer sets: the addresses of the Nodes each selector matches.

@@ -22,19 +22,19 @@ import (
 
 // Spec sizes a synthetic cluster.
 type Spec struct {
-	Namespaces   int
-	Pods         int // spread evenly over namespaces
-	LocalPods    int // how many of them run on LocalNode, one per namespace first
-	Policies     int // spread evenly over namespaces
+	Namespaces int
+	Pods       int // spread evenly over namespaces
+	LocalPods  int // how many of them run on LocalNode, one per namespace first
+	Policies   int // spread evenly over namespaces
 	// ClusterPolicies is how many ClusterNetworkPolicies to add, half in each tier.
 	ClusterPolicies int
-	LocalNode    string
-	Nodes        int // nodes sharing the non-local pods
-	DualStack    bool
-	LocalIPs     []netip.Addr // IPv4 addresses for local pods, taken in order (optional)
-	LocalIPv6s   []netip.Addr
-	LocalCIDRv4  netip.Prefix // where generated local pod IPs come from
-	RemoteCIDRv4 netip.Prefix
+	LocalNode       string
+	Nodes           int // nodes sharing the non-local pods
+	DualStack       bool
+	LocalIPs        []netip.Addr // IPv4 addresses for local pods, taken in order (optional)
+	LocalIPv6s      []netip.Addr
+	LocalCIDRv4     netip.Prefix // where generated local pod IPs come from
+	RemoteCIDRv4    netip.Prefix
 }
 
 // Default is the benchmark scale of the NetworkPolicy issue: 5,000 pods, 110 of them on this
@@ -130,7 +130,9 @@ func ClusterPolicy(i int) *npav1beta1.ClusterNetworkPolicy {
 		cnp.Spec.Tier = npav1beta1.BaselineTier
 	}
 	cnp.Spec.Priority = int32(i * 7 % 1001)
-	labels := func(k, v string) *metav1.LabelSelector { return &metav1.LabelSelector{MatchLabels: map[string]string{k: v}} }
+	labels := func(k, v string) *metav1.LabelSelector {
+		return &metav1.LabelSelector{MatchLabels: map[string]string{k: v}}
+	}
 	if i%100 == 2 || i%100 == 3 {
 		cnp.Spec.Subject.Namespaces = &metav1.LabelSelector{}
 	} else {
