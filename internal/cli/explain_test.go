@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -121,5 +123,70 @@ func TestExplainBadInput(t *testing.T) {
 	dst, _ := resolveEndpoint(st, "--to", "fd00::3")
 	if err := explain(&bytes.Buffer{}, st, src, dst, policy.TCP, 80); err == nil || !strings.Contains(err.Error(), "no address family in common") {
 		t.Errorf("no common family: %v", err)
+	}
+}
+
+// TestExplainTiers names the deciding ClusterNetworkPolicy rule of each tier, and the stages a
+// Pass or a missing match leads on to.
+func TestExplainTiers(t *testing.T) {
+	st := exampleState(t)
+	all := &metav1.LabelSelector{}
+	backend := &metav1.LabelSelector{MatchLabels: map[string]string{cluster.NamespaceNameLabel: "backend"}}
+	st.ClusterPolicies["guard"] = &npav1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "guard"},
+		Spec: npav1beta1.ClusterNetworkPolicySpec{Tier: npav1beta1.AdminTier, Priority: 5,
+			Subject: npav1beta1.ClusterNetworkPolicySubject{Namespaces: backend},
+			Ingress: []npav1beta1.ClusterNetworkPolicyIngressRule{
+				{Name: "monitoring-to-np", Action: npav1beta1.ClusterNetworkPolicyRuleActionPass,
+					From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{cluster.NamespaceNameLabel: "monitoring"}}}}},
+				{Name: "no-frontend-ssh", Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny,
+					From:      []npav1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: all}},
+					Protocols: []npav1beta1.ClusterNetworkPolicyProtocol{{TCP: &npav1beta1.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1beta1.Port{Number: 22}}}}},
+				{Name: "frontend-in", Action: npav1beta1.ClusterNetworkPolicyRuleActionAccept,
+					From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{cluster.NamespaceNameLabel: "frontend"}}}}},
+			}}}
+	st.ClusterPolicies["no-docs"] = &npav1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "no-docs"},
+		Spec: npav1beta1.ClusterNetworkPolicySpec{Tier: npav1beta1.BaselineTier, Priority: 1,
+			Subject: npav1beta1.ClusterNetworkPolicySubject{Namespaces: all},
+			Egress: []npav1beta1.ClusterNetworkPolicyEgressRule{{Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny,
+				To: []npav1beta1.ClusterNetworkPolicyEgressPeer{{Networks: []npav1beta1.CIDR{"198.51.100.0/24"}}}}}}}
+	for _, tc := range []struct {
+		from, to, port string
+		want           []string
+	}{
+		{"frontend/web", "backend/db", "80/tcp", []string{
+			`  ingress: allowed by ClusterNetworkPolicy guard (admin tier, its ingress rule 3 "frontend-in" accepts)`,
+		}},
+		{"frontend/web", "backend/db", "22/tcp", []string{
+			`  ingress: denied by ClusterNetworkPolicy guard (admin tier, its ingress rule 2 "no-frontend-ssh" denies)`,
+			"  verdict: denied",
+		}},
+		{"monitoring/prometheus", "backend/api", "81/tcp", []string{
+			`  ingress: admin tier: passed by ClusterNetworkPolicy guard (its ingress rule 1 "monitoring-to-np"); allowed by backend/metrics-from-monitoring (its ingress rule 1 admits monitoring/prometheus on TCP/81)`,
+		}},
+		{"backend/api", "198.51.100.7", "443/tcp", []string{
+			`  egress:  denied (no NetworkPolicy selects backend/api for egress; denied by ClusterNetworkPolicy no-docs (baseline tier, its egress rule 1 denies))`,
+		}},
+	} {
+		src, err := resolveEndpoint(st, "--from", tc.from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst, err := resolveEndpoint(st, "--to", tc.to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proto, port, err := parsePortProto(tc.port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := explain(&out, st, src, dst, proto, port); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out.String(), w+"\n") {
+				t.Errorf("%s -> %s %s: output lacks %q:\n%s", tc.from, tc.to, tc.port, w, out.String())
+			}
+		}
 	}
 }

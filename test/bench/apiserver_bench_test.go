@@ -12,11 +12,13 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/kubetest"
 	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/source/kubeapi"
 	"github.com/netwarden/netwarden/internal/synth"
 	"github.com/netwarden/netwarden/internal/testbed"
 )
@@ -100,6 +102,8 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 	requireRoot(b)
 	srv := kubetest.Start(b, kubetest.Options{})
 	client := srv.AdminClient(b)
+	srv.InstallClusterNetworkPolicyCRD(b, kubetest.CRDStandard)
+	cnps := npaclient.NewForConfigOrDie(srv.AdminConfig()).PolicyV1beta1()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	spec := synth.Default()
@@ -119,6 +123,7 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 		b.Fatal(err)
 	}
 	var ready, createToEnforced []time.Duration
+	cnpLatency := map[string][]time.Duration{} // by event: create, priority, delete
 	var rss, hwm int
 	for b.Loop() {
 		start := time.Now()
@@ -148,6 +153,39 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 			}
 			createToEnforced = append(createToEnforced, time.Since(t0))
 		}
+		// ClusterNetworkPolicy events, each timed from the API call to the kernel holding it.
+		for i := 0; i < 20; i++ {
+			cnp := synth.ClusterPolicy(4) // an admin policy selecting local pods
+			cnp.Name = fmt.Sprintf("bench-%d-%d", len(ready), i)
+			t0 := time.Now()
+			created, err := cnps.ClusterNetworkPolicies().Create(ctx, cnp, metav1.CreateOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := sim.WaitResource(30*time.Second, kubeapi.ClusterPolicyResource, cluster.ParseResourceVersion(created.ResourceVersion)); err != nil {
+				b.Fatal(err)
+			}
+			cnpLatency["create"] = append(cnpLatency["create"], time.Since(t0))
+			created.Spec.Priority = 999
+			t0 = time.Now()
+			updated, err := cnps.ClusterNetworkPolicies().Update(ctx, created, metav1.UpdateOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := sim.WaitResource(30*time.Second, kubeapi.ClusterPolicyResource, cluster.ParseResourceVersion(updated.ResourceVersion)); err != nil {
+				b.Fatal(err)
+			}
+			cnpLatency["priority"] = append(cnpLatency["priority"], time.Since(t0))
+			t0 = time.Now()
+			rv, err := kubetest.DeleteNow(ctx, cnps.RESTClient(), kubeapi.ClusterPolicyResource, "", cnp.Name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := sim.WaitResource(30*time.Second, kubeapi.ClusterPolicyResource, rv); err != nil {
+				b.Fatal(err)
+			}
+			cnpLatency["delete"] = append(cnpLatency["delete"], time.Since(t0))
+		}
 		if err := sim.StopAgent(); err != nil {
 			b.Fatal(err)
 		}
@@ -158,6 +196,11 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 	sortDurations(createToEnforced)
 	b.ReportMetric(ms(createToEnforced[len(createToEnforced)/2]), "create-to-enforced-p50-ms")
 	b.ReportMetric(ms(createToEnforced[len(createToEnforced)-1]), "create-to-enforced-max-ms")
+	for _, ev := range []string{"create", "priority", "delete"} {
+		d := cnpLatency[ev]
+		sortDurations(d)
+		b.ReportMetric(ms(d[len(d)/2]), "cnp-"+ev+"-to-enforced-p50-ms")
+	}
 }
 
 func sortDurations(d []time.Duration) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/synth"
@@ -123,4 +124,49 @@ func BenchmarkClusterPolicies(b *testing.B) {
 	b.Run("connrate", func(b *testing.B) {
 		connRate(b, spec, func() (dataplane.PolicyBackend, error) { return nftables.New() })
 	})
+}
+
+// BenchmarkIPTablesClusterPolicies is BenchmarkClusterPolicies on the iptables backend, for
+// each variant: full sync and single events (the connection rate runs with
+// BenchmarkIPTablesConnRate's cluster, without ClusterNetworkPolicies, to keep `make bench`
+// within its time).
+func BenchmarkIPTablesClusterPolicies(b *testing.B) {
+	requireRoot(b)
+	spec := clusterPolicySpec()
+	st := synth.Generate(spec)
+	for _, mode := range iptablesModes {
+		b.Run(string(mode)+"/fullsync", func(b *testing.B) {
+			bed := newBed(b)
+			var compile, apply time.Duration
+			for b.Loop() {
+				inNode(b, bed, func() error {
+					be, err := newIPTables(mode)
+					if err != nil {
+						return err
+					}
+					if err := be.Cleanup(context.Background()); err != nil {
+						return err
+					}
+					start := time.Now()
+					rs, _ := policy.NewCompiler(spec.LocalNode).Compile(st)
+					r := iptables.Render(rs)
+					compile = time.Since(start)
+					start = time.Now()
+					if _, err := be.FullSyncRendered(context.Background(), r); err != nil {
+						return err
+					}
+					apply = time.Since(start)
+					return be.Cleanup(context.Background())
+				})
+			}
+			b.ReportMetric(ms(compile), "compile-ms")
+			b.ReportMetric(ms(apply), "apply-ms")
+			b.ReportMetric(ms(compile+apply), "fullsync-ms")
+		})
+		for _, ch := range clusterPolicyChanges {
+			b.Run(string(mode)+"/incremental/"+ch.name, func(b *testing.B) {
+				benchIncremental(b, spec.LocalNode, st, ch, func() (dataplane.PolicyBackend, error) { return newIPTables(mode) })
+			})
+		}
+	}
 }

@@ -74,6 +74,11 @@ func (g *gen) ipBlock() networkingv1.NetworkPolicyPeer {
 	if ip.Is6() {
 		cidr = testbed.DefaultPodCIDRv6
 	}
+	if !cidr.Contains(ip) {
+		// A pod of another node: the except must lie inside the block, or the API server (and
+		// the agent, which keeps the file's last good objects) refuses the policy.
+		cidr = netip.PrefixFrom(ip, cidr.Bits()-8).Masked()
+	}
 	switch g.r.IntN(3) {
 	case 0:
 		return ipPeer(hostPrefix(ip))
