@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
-	"os/exec"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
