@@ -429,7 +429,10 @@ func (w *cnpWorld) check(t *testing.T, step string, cases []cnpCase) cnpResult {
 		probes[i] = c.probe
 	}
 	errs := w.sim.Bed.ProbeAllResults(context.Background(), probes)
-	for attempt := 0; attempt < 2; attempt++ {
+	// An allowed probe that timed out is probed again, twice in a batch and then once more on
+	// its own: on a loaded machine a probe of a batch can be starved past its timeout. A
+	// denied probe is never retried, so no lost packet can make a blocked flow pass.
+	for attempt := 0; attempt < 3; attempt++ {
 		var again []int
 		for i, c := range cases {
 			if c.want() && errs[i] != nil {
@@ -443,7 +446,14 @@ func (w *cnpWorld) check(t *testing.T, step string, cases []cnpCase) cnpResult {
 		for j, i := range again {
 			retry[j] = probes[i]
 		}
-		res := w.sim.Bed.ProbeAllResults(context.Background(), retry)
+		var res []error
+		if attempt < 2 {
+			res = w.sim.Bed.ProbeAllResults(context.Background(), retry)
+		} else {
+			for _, p := range retry {
+				res = append(res, w.sim.Bed.ProbeAllResults(context.Background(), []testbed.Probe{p})[0])
+			}
+		}
 		for j, i := range again {
 			if res[j] == nil {
 				t.Logf("%s: %s was transient (failed once: %v)", step, cases[i], errs[i])
@@ -493,7 +503,9 @@ func cnpMaxWorlds() int {
 			return n
 		}
 	}
-	return 6
+	// Four: with six, allowed probes of the matrix were starved past their timeouts (seen in
+	// CI beside the rest of the e2e suite).
+	return 4
 }
 
 // cnpCombo is a world's backend and topology.
