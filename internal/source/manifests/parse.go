@@ -204,9 +204,15 @@ func lineOf(data []byte, offset int64) int {
 }
 
 func (p *parser) parseYAML(data []byte) {
+	fast := fastYAMLPool.Get().(*fastYAML)
+	defer fastYAMLPool.Put(fast)
 	doc := 0
 	for _, c := range splitYAML(data) {
-		j, err := yaml.YAMLToJSONStrict(c.data)
+		j, ok := fast.convert(c.data)
+		var err error
+		if !ok {
+			j, err = yaml.YAMLToJSONStrict(c.data)
+		}
 		if err != nil {
 			doc++
 			loc := location{file: p.path, doc: doc, line: c.line, item: -1}
