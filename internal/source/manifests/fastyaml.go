@@ -28,6 +28,14 @@ type fastYAML struct {
 	out     []byte
 	entries []mapEntry // of the mappings being converted, innermost last
 	tmp     []byte
+
+	// What the header decode of parseObject would find (apiVersion, kind, metadata.name and
+	// metadata.namespace), recorded on the way when those are strings or absent, so that the
+	// document is decoded once rather than twice.
+	hdr    header
+	hdrOK  bool
+	level  int  // of the mapping being converted: 1 for the document
+	inMeta bool // converting the value of the document's metadata
 }
 
 // yamlLine is a line with content: not blank and not a comment.
@@ -48,9 +56,19 @@ const maxYAMLDepth = 64
 var fastYAMLPool = sync.Pool{New: func() any { return new(fastYAML) }}
 
 // convert returns the JSON of doc, and false if doc is not in the subset converted here. The
-// result is valid until the next call.
-func (c *fastYAML) convert(doc []byte) ([]byte, bool) {
+// result is valid until the next call. hdr is the document's header when the header decode
+// needs not run (nil otherwise).
+func (c *fastYAML) convert(doc []byte) (out []byte, hdr *header, ok bool) {
+	out, ok = c.convertDoc(doc)
+	if ok && c.hdrOK {
+		hdr = &c.hdr
+	}
+	return out, hdr, ok
+}
+
+func (c *fastYAML) convertDoc(doc []byte) ([]byte, bool) {
 	c.lines, c.pos, c.depth, c.out, c.entries = c.lines[:0], 0, 0, c.out[:0], c.entries[:0]
+	c.hdr, c.hdrOK, c.level, c.inMeta = header{}, true, 0, false
 	if !c.split(doc) {
 		return nil, false
 	}
@@ -161,7 +179,10 @@ func keyChar(b byte) bool {
 // encoding/json sorts a map's.
 func (c *fastYAML) mapping(n int) bool {
 	base := len(c.entries)
-	defer func() { c.entries = c.entries[:base] }()
+	c.level++
+	defer func() { c.entries, c.level = c.entries[:base], c.level-1 }()
+	var field *string // the header field of the key being converted, if any
+	meta := false     // the key being converted is the document's metadata
 	open := len(c.out)
 	c.out = append(c.out, '{')
 	sorted := true
@@ -188,6 +209,11 @@ func (c *fastYAML) mapping(n int) bool {
 		c.out = append(c.out, key...)
 		c.out = append(c.out, '"', ':')
 		c.pos++
+		field, meta = c.headerField(key)
+		if meta {
+			c.inMeta = true
+		}
+		value := len(c.out)
 		switch {
 		case len(rest) > 0:
 			if !c.scalar(rest) {
@@ -208,6 +234,15 @@ func (c *fastYAML) mapping(n int) bool {
 		default:
 			c.out = append(c.out, "null"...)
 		}
+		if meta {
+			c.inMeta = false
+			if v := c.out[value]; v != '{' && v != 'n' {
+				c.hdrOK = false // metadata is not a mapping: the header decode fails
+			}
+		}
+		if field != nil {
+			c.recordHeader(field, c.out[value:])
+		}
 		c.entries = append(c.entries, mapEntry{key: key, start: start, end: len(c.out)})
 	}
 	if !sorted && !c.sortEntries(open+1, c.entries[base:]) {
@@ -215,6 +250,36 @@ func (c *fastYAML) mapping(n int) bool {
 	}
 	c.out = append(c.out, '}')
 	return true
+}
+
+// headerField says which header field a key of the mapping being converted is.
+func (c *fastYAML) headerField(key []byte) (field *string, meta bool) {
+	switch {
+	case c.level == 1 && string(key) == "apiVersion":
+		return &c.hdr.APIVersion, false
+	case c.level == 1 && string(key) == "kind":
+		return &c.hdr.Kind, false
+	case c.level == 1 && string(key) == "metadata":
+		return nil, true
+	case c.level == 2 && c.inMeta && string(key) == "name":
+		return &c.hdr.Metadata.Name, false
+	case c.level == 2 && c.inMeta && string(key) == "namespace":
+		return &c.hdr.Metadata.Namespace, false
+	}
+	return nil, false
+}
+
+// recordHeader records the JSON value v of a header field as the header decode would: a string
+// without escapes as it is, null as nothing; any other value fails the decode, which is left to
+// do the work (and word the error).
+func (c *fastYAML) recordHeader(field *string, v []byte) {
+	switch {
+	case len(v) >= 2 && v[0] == '"' && bytes.IndexByte(v, '\\') < 0:
+		*field = string(v[1 : len(v)-1])
+	case string(v) == "null":
+	default:
+		c.hdrOK = false
+	}
 }
 
 // sortEntries rewrites out[from:] (the entries, with commas) in the order of their keys, and

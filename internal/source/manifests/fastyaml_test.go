@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	sjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/netwarden/netwarden/internal/synth"
@@ -105,17 +106,19 @@ var fastYAMLCases = []struct {
 func TestFastYAML(t *testing.T) {
 	c := new(fastYAML)
 	for _, tc := range fastYAMLCases {
-		got, ok := c.convert([]byte(tc.doc))
+		got, hdr, ok := c.convert([]byte(tc.doc))
 		if ok != tc.accept {
 			t.Errorf("fast path accepted=%v, want %v, for:\n%s", ok, tc.accept, tc.doc)
 		}
 		if ok {
-			checkSameJSON(t, tc.doc, got)
+			checkSameJSON(t, tc.doc, got, hdr)
 		}
 	}
 }
 
-func checkSameJSON(t testing.TB, doc string, fast []byte) {
+// checkSameJSON checks the fast path's JSON against sigs.k8s.io/yaml's, and the header it read
+// (if any) against what the header decode finds in that JSON.
+func checkSameJSON(t testing.TB, doc string, fast []byte, hdr *header) {
 	t.Helper()
 	want, err := yaml.YAMLToJSONStrict([]byte(doc))
 	if err != nil {
@@ -123,6 +126,52 @@ func checkSameJSON(t testing.TB, doc string, fast []byte) {
 	}
 	if !bytes.Equal(fast, want) {
 		t.Fatalf("fast path: %s\nsigs.k8s.io/yaml: %s\nfor:\n%s", fast, want, doc)
+	}
+	if hdr == nil {
+		return
+	}
+	var decoded header
+	if err := sjson.UnmarshalCaseSensitivePreserveInts(want, &decoded); err != nil {
+		t.Fatalf("fast path read a header from a document whose header decode fails (%v):\n%s", err, doc)
+	}
+	if *hdr != decoded {
+		t.Fatalf("fast path read header %+v, the header decode %+v, for:\n%s", *hdr, decoded, doc)
+	}
+}
+
+// TestFastYAMLHeader checks which headers the fast path reads itself.
+func TestFastYAMLHeader(t *testing.T) {
+	for _, tc := range []struct {
+		doc  string
+		want *header
+	}{
+		{podWeb, &header{APIVersion: "v1", Kind: "Pod", Metadata: struct {
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+		}{"web", "foo"}}},
+		{"kind: 'Pod'\nspec:\n  metadata:\n    name: x\nmetadata:\n  labels:\n    name: y\n", &header{Kind: "Pod"}},
+		{"kind: ~\napiVersion:\nmetadata:\n", &header{}},
+		{"kind: 5\n", nil},
+		{"kind: true\n", nil},
+		{"kind: {}\n", nil},
+		{"kind:\n- Pod\n", nil},
+		{"metadata: x\n", nil},
+		{"metadata: []\n", nil},
+		{"metadata:\n- name: x\n", nil},
+		{"metadata:\n  name: 1\n", nil},
+		{"metadata:\n  namespace: '<ns>'\n", nil},
+		{"metadata:\n  name:\n    first: x\n", nil},
+	} {
+		c := new(fastYAML)
+		got, hdr, ok := c.convert([]byte(tc.doc))
+		if !ok {
+			t.Errorf("fast path did not convert:\n%s", tc.doc)
+			continue
+		}
+		checkSameJSON(t, tc.doc, got, hdr)
+		if (hdr == nil) != (tc.want == nil) || hdr != nil && *hdr != *tc.want {
+			t.Errorf("header %+v, want %+v, for:\n%s", hdr, tc.want, tc.doc)
+		}
 	}
 }
 
@@ -171,10 +220,10 @@ func TestFastYAMLFiles(t *testing.T) {
 	c := new(fastYAML)
 	accepted := 0
 	for i, doc := range docs {
-		got, ok := c.convert([]byte(doc))
+		got, hdr, ok := c.convert([]byte(doc))
 		if ok {
 			accepted++
-			checkSameJSON(t, doc, got)
+			checkSameJSON(t, doc, got, hdr)
 		} else if i >= len(docs)-synthDocs {
 			t.Errorf("fast path left a file of the benchmark cluster to the slow path:\n%s", doc)
 		}
@@ -189,8 +238,8 @@ func FuzzFastYAML(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, doc string) {
 		c := new(fastYAML)
-		if got, ok := c.convert([]byte(doc)); ok {
-			checkSameJSON(t, doc, got)
+		if got, hdr, ok := c.convert([]byte(doc)); ok {
+			checkSameJSON(t, doc, got, hdr)
 		}
 	})
 }

@@ -133,7 +133,28 @@ type object struct {
 	key objKey
 	loc location
 	obj metav1.Object
-	sum [sha256.Size]byte // hash of the object's JSON, for change detection
+	// sum is the hash of the object's JSON, for change detection, computed when first needed
+	// (a cold start compares none). Only the loader's update reads it.
+	sum    [sha256.Size]byte
+	summed bool
+}
+
+// sameAs reports whether o and other are equal objects (by their sums).
+func (o *object) sameAs(other *object) bool {
+	return o.digest() && other.digest() && o.sum == other.sum
+}
+
+// digest computes the object's sum if needed; false if it cannot be computed (never for the
+// kinds read): the object is then taken as changed.
+func (o *object) digest() bool {
+	if !o.summed {
+		b, err := json.Marshal(o.obj)
+		if err != nil {
+			return false
+		}
+		o.sum, o.summed = sha256.Sum256(b), true
+	}
+	return true
 }
 
 // fileContent is the result of parsing one file's bytes.
@@ -155,11 +176,10 @@ type parser struct {
 	seen   map[objKey]*object
 }
 
-// parseFile parses the content of one manifest file. isJSON selects JSON (a stream of values)
-// rather than multi-document YAML.
-func parseFile(path, name string, data []byte, isJSON bool, logger *slog.Logger) *fileContent {
+// parseFile parses the content of one manifest file, whose hash is sum. isJSON selects JSON (a
+// stream of values) rather than multi-document YAML.
+func parseFile(path, name string, data []byte, sum [sha256.Size]byte, isJSON bool, logger *slog.Logger) *fileContent {
 	p := &parser{isYAML: !isJSON, path: path, logger: logger, seen: map[objKey]*object{}}
-	sum := sha256.Sum256(data)
 	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) // UTF-8 byte order mark
 	if isJSON {
 		p.parseJSON(data)
@@ -192,7 +212,7 @@ func (p *parser) parseJSON(data []byte) {
 			continue
 		}
 		doc++
-		p.parseObject(raw, location{file: p.path, doc: doc, item: -1}, "", "")
+		p.parseObject(raw, nil, location{file: p.path, doc: doc, item: -1}, "", "")
 	}
 }
 
@@ -208,7 +228,7 @@ func (p *parser) parseYAML(data []byte) {
 	defer fastYAMLPool.Put(fast)
 	doc := 0
 	for _, c := range splitYAML(data) {
-		j, ok := fast.convert(c.data)
+		j, hdr, ok := fast.convert(c.data)
 		var err error
 		if !ok {
 			j, err = yaml.YAMLToJSONStrict(c.data)
@@ -223,7 +243,7 @@ func (p *parser) parseYAML(data []byte) {
 			continue // empty document (only comments or whitespace)
 		}
 		doc++
-		p.parseObject(j, location{file: p.path, doc: doc, line: c.line, item: -1}, "", "")
+		p.parseObject(j, hdr, location{file: p.path, doc: doc, line: c.line, item: -1}, "", "")
 	}
 }
 
@@ -281,24 +301,29 @@ func yamlError(err error, startLine int) error {
 	return errors.New("invalid YAML: " + msg)
 }
 
+// header is what parseObject reads of a document before it knows its type.
+type header struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+}
+
 // parseObject handles one document or List item (as JSON). itemKind and itemAPIVersion are the
 // kind and version implied by a typed list (PodList...) for items that carry no apiVersion and
-// kind.
-func (p *parser) parseObject(raw []byte, loc location, itemKind, itemAPIVersion string) {
+// kind. read is the header of raw when the caller has it (it is decoded from raw otherwise).
+func (p *parser) parseObject(raw []byte, read *header, loc location, itemKind, itemAPIVersion string) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || raw[0] != '{' {
 		p.errs = append(p.errs, loc.errorf("not an object: expected a mapping with apiVersion and kind"))
 		return
 	}
-	var hdr struct {
-		APIVersion string `json:"apiVersion"`
-		Kind       string `json:"kind"`
-		Metadata   struct {
-			Name      string `json:"name"`
-			Namespace string `json:"namespace"`
-		} `json:"metadata"`
-	}
-	if err := sjson.UnmarshalCaseSensitivePreserveInts(raw, &hdr); err != nil {
+	var hdr header
+	if read != nil {
+		hdr = *read
+	} else if err := sjson.UnmarshalCaseSensitivePreserveInts(raw, &hdr); err != nil {
 		p.errs = append(p.errs, loc.err(p.decodeError(err)))
 		return
 	}
@@ -368,12 +393,7 @@ func (p *parser) parseObject(raw []byte, loc location, itemKind, itemAPIVersion 
 		p.errs = append(p.errs, loc.errorf("duplicate %s: also defined in %s of this file", key, prev.loc.docRef()))
 		return
 	}
-	b, err := json.Marshal(obj)
-	if err != nil { // cannot happen for these types
-		p.errs = append(p.errs, loc.err(err))
-		return
-	}
-	o := &object{key: key, loc: loc, obj: obj, sum: sha256.Sum256(b)}
+	o := &object{key: key, loc: loc, obj: obj}
 	p.seen[key] = o
 	p.objs = append(p.objs, o)
 }
@@ -412,7 +432,7 @@ func (p *parser) parseList(raw []byte, apiVersion string, wantAPIVersions []stri
 		if itemKind != "" {
 			itemAPIVersion = apiVersion
 		}
-		p.parseObject(item, itemLoc, itemKind, itemAPIVersion)
+		p.parseObject(item, nil, itemLoc, itemKind, itemAPIVersion)
 	}
 }
 
