@@ -51,12 +51,17 @@ type kindInfo struct {
 	// prepare sets TypeMeta, clears metadata.namespace on cluster-scoped objects (as the API
 	// server does), applies the cluster defaulting and returns the validation errors.
 	prepare func(obj metav1.Object) field.ErrorList
+	// strip returns a prepared, valid object with only what the agent reads (and its TypeMeta),
+	// as the API source keeps: a file's last good content stays in memory as long as it is in
+	// effect.
+	strip func(obj metav1.Object) metav1.Object
 }
 
 func newKind[T any, PT interface {
 	*T
 	metav1.Object
-}](kind string, apiVersions []string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList) kindInfo {
+}](kind string, apiVersions []string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList, strip func(PT) PT) kindInfo {
+	typeMeta := metav1.TypeMeta{Kind: kind, APIVersion: apiVersions[0]}
 	return kindInfo{
 		apiVersions: apiVersions,
 		namespaced:  namespaced,
@@ -67,12 +72,17 @@ func newKind[T any, PT interface {
 		},
 		prepare: func(o metav1.Object) field.ErrorList {
 			obj := o.(PT)
-			setType(obj, metav1.TypeMeta{Kind: kind, APIVersion: apiVersions[0]})
+			setType(obj, typeMeta)
 			if !namespaced {
 				obj.SetNamespace("")
 			}
 			def(obj)
 			return validate(obj)
+		},
+		strip: func(o metav1.Object) metav1.Object {
+			obj := strip(o.(PT))
+			setType(obj, typeMeta)
+			return obj
 		},
 	}
 }
@@ -84,15 +94,16 @@ var (
 
 var kinds = map[string]kindInfo{
 	kindNamespace: newKind(kindNamespace, core, false,
-		func(o *corev1.Namespace, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNamespace, cluster.ValidateNamespace),
+		func(o *corev1.Namespace, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNamespace, cluster.ValidateNamespace, cluster.StripNamespace),
 	kindPod: newKind(kindPod, core, true,
-		func(o *corev1.Pod, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultPod, cluster.ValidatePod),
+		func(o *corev1.Pod, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultPod, cluster.ValidatePod, cluster.StripPod),
 	kindPolicy: newKind(kindPolicy, []string{"networking.k8s.io/v1"}, true,
-		func(o *networkingv1.NetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNetworkPolicy, cluster.ValidateNetworkPolicy),
+		func(o *networkingv1.NetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNetworkPolicy, cluster.ValidateNetworkPolicy, cluster.StripNetworkPolicy),
 	kindNode: newKind(kindNode, core, false,
-		func(o *corev1.Node, tm metav1.TypeMeta) { o.TypeMeta = tm }, func(*corev1.Node) {}, cluster.ValidateNode),
+		func(o *corev1.Node, tm metav1.TypeMeta) { o.TypeMeta = tm }, func(*corev1.Node) {}, cluster.ValidateNode, cluster.StripNode),
 	kindCNP: newKind(kindCNP, cnp, false,
-		func(o *npav1beta1.ClusterNetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, stripClusterPolicy, cluster.ValidateClusterNetworkPolicy),
+		func(o *npav1beta1.ClusterNetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, stripClusterPolicy, cluster.ValidateClusterNetworkPolicy,
+		func(o *npav1beta1.ClusterNetworkPolicy) *npav1beta1.ClusterNetworkPolicy { return o }),
 }
 
 // stripClusterPolicy drops what the agent does not use (status, annotations, managed fields...),
@@ -393,7 +404,7 @@ func (p *parser) parseObject(raw []byte, read *header, loc location, itemKind, i
 		p.errs = append(p.errs, loc.errorf("duplicate %s: also defined in %s of this file", key, prev.loc.docRef()))
 		return
 	}
-	o := &object{key: key, loc: loc, obj: obj}
+	o := &object{key: key, loc: loc, obj: info.strip(obj)}
 	p.seen[key] = o
 	p.objs = append(p.objs, o)
 }
