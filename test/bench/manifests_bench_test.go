@@ -28,7 +28,9 @@ const manifestsChanges = 30
 //   - the wall time of `agent --once` on that directory (cold start: load, compile, apply);
 //   - one file replaced (written beside it and renamed over it, as editors and simnode do) →
 //     the agent's /status says its content is applied to the kernel, for a pod's label changed
-//     and for a new policy, p50 and p99 of manifestsChanges each.
+//     and for a new policy, p50 and p99 of manifestsChanges each;
+//   - the long-running agent's resident memory (VmRSS) after those changes, and its peak
+//     (VmHWM, which the cold start's load sets).
 func BenchmarkManifestsDirectory(b *testing.B) {
 	requireRoot(b)
 	bin, err := simnode.AgentBinary()
@@ -56,6 +58,7 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 
 	var once time.Duration
 	var labels, policies []time.Duration
+	var rss, hwm int
 	run := 0
 	for b.Loop() {
 		run++
@@ -108,6 +111,7 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 			}
 			policies = append(policies, time.Since(start))
 		}
+		rss, hwm = agentMemory(b, sim)
 		if err := sim.StopAgent(); err != nil {
 			b.Fatal(err)
 		}
@@ -120,6 +124,8 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 	}
 	b.ReportMetric(float64(files), "files")
 	b.ReportMetric(ms(once), "once-ms")
+	b.ReportMetric(float64(rss)/1024, "rss-MiB")
+	b.ReportMetric(float64(hwm)/1024, "peak-rss-MiB")
 	for _, m := range []struct {
 		name string
 		d    []time.Duration

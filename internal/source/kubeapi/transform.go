@@ -3,7 +3,6 @@ package kubeapi
 import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
@@ -12,18 +11,11 @@ import (
 )
 
 // Transform is the cache.TransformFunc installed on every informer. It replaces each object with a
-// new one that keeps only what the agent uses, and applies the cluster defaulting to it, so that the
-// informer caches stay small and Snapshot can share their objects as they are:
-//
-//   - metadata: name, namespace, labels, resourceVersion and uid;
-//   - Namespace: metadata only;
-//   - Pod: spec.nodeName, spec.hostNetwork, the ports (name, containerPort, protocol) of containers
-//     and init containers (containers without ports are dropped, and so are container names,
-//     images...), status.phase, status.podIP and status.podIPs;
-//   - Node: spec.podCIDRs and status.addresses;
-//   - NetworkPolicy: spec;
-//   - ClusterNetworkPolicy: metadata.generation, spec and status.conditions (read by the
-//     conditions writer, which needs them all to patch its own without losing the others').
+// new one that keeps only what the agent uses (the cluster.Strip functions), and applies the
+// cluster defaulting to it, so that the informer caches stay small and Snapshot can share their
+// objects as they are. A ClusterNetworkPolicy keeps its metadata (with metadata.generation), spec
+// and status.conditions (read by the conditions writer, which needs them all to patch its own
+// without losing the others').
 //
 // Tombstones (cache.DeletedFinalStateUnknown) are transformed inside. Other types pass unchanged.
 // Transform is idempotent, as client-go requires. The input is not modified, but the result shares
@@ -56,70 +48,16 @@ func Transform(obj any) (any, error) {
 	return obj, nil
 }
 
-// transformMeta keeps name, namespace, labels, resourceVersion and uid. The labels map is shared
-// with the input, which the informer hands over and never uses again.
-func transformMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
-	return metav1.ObjectMeta{
-		Name:            m.Name,
-		Namespace:       m.Namespace,
-		Labels:          m.Labels,
-		ResourceVersion: m.ResourceVersion,
-		UID:             m.UID,
-	}
-}
-
 // TransformPod returns a copy of pod stripped to what the agent uses, defaulted.
 func TransformPod(pod *corev1.Pod) *corev1.Pod {
-	out := &corev1.Pod{
-		ObjectMeta: transformMeta(&pod.ObjectMeta),
-		Spec: corev1.PodSpec{
-			NodeName:       pod.Spec.NodeName,
-			HostNetwork:    pod.Spec.HostNetwork,
-			InitContainers: containerPorts(pod.Spec.InitContainers),
-			Containers:     containerPorts(pod.Spec.Containers),
-		},
-		Status: corev1.PodStatus{
-			Phase:  pod.Status.Phase,
-			PodIP:  pod.Status.PodIP,
-			PodIPs: pod.Status.PodIPs,
-		},
-	}
-	if len(out.Status.PodIPs) > 0 {
-		out.Status.PodIPs = append([]corev1.PodIP(nil), out.Status.PodIPs...) // exact size
-	}
+	out := cluster.StripPod(pod)
 	cluster.DefaultPod(out)
-	return out
-}
-
-// containerPorts keeps, for each container that has ports, only the ports' name, number and
-// protocol. It returns nil when no container has ports.
-func containerPorts(containers []corev1.Container) []corev1.Container {
-	n := 0
-	for i := range containers {
-		if len(containers[i].Ports) > 0 {
-			n++
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	out := make([]corev1.Container, 0, n)
-	for i := range containers {
-		if len(containers[i].Ports) == 0 {
-			continue
-		}
-		ports := make([]corev1.ContainerPort, len(containers[i].Ports))
-		for j, p := range containers[i].Ports {
-			ports[j] = corev1.ContainerPort{Name: p.Name, ContainerPort: p.ContainerPort, Protocol: p.Protocol}
-		}
-		out = append(out, corev1.Container{Ports: ports})
-	}
 	return out
 }
 
 // TransformNamespace returns a copy of ns with metadata only, defaulted.
 func TransformNamespace(ns *corev1.Namespace) *corev1.Namespace {
-	out := &corev1.Namespace{ObjectMeta: transformMeta(&ns.ObjectMeta)}
+	out := cluster.StripNamespace(ns)
 	if out.Labels[cluster.NamespaceNameLabel] != out.Name {
 		// Set by the API server since 1.21; only missing on objects from old or fake servers.
 		labels := make(map[string]string, len(out.Labels)+1)
@@ -134,18 +72,14 @@ func TransformNamespace(ns *corev1.Namespace) *corev1.Namespace {
 
 // TransformNode returns a copy of node with spec.podCIDRs and status.addresses only.
 func TransformNode(node *corev1.Node) *corev1.Node {
-	return &corev1.Node{
-		ObjectMeta: transformMeta(&node.ObjectMeta),
-		Spec:       corev1.NodeSpec{PodCIDRs: node.Spec.PodCIDRs},
-		Status:     corev1.NodeStatus{Addresses: node.Status.Addresses},
-	}
+	return cluster.StripNode(node)
 }
 
 // TransformClusterNetworkPolicy returns a copy of cnp with metadata, spec and status conditions
 // only. The spec is shared with the input: nothing defaults it.
 func TransformClusterNetworkPolicy(cnp *npav1beta1.ClusterNetworkPolicy) *npav1beta1.ClusterNetworkPolicy {
 	out := &npav1beta1.ClusterNetworkPolicy{
-		ObjectMeta: transformMeta(&cnp.ObjectMeta),
+		ObjectMeta: cluster.StripMeta(&cnp.ObjectMeta),
 		Spec:       cnp.Spec,
 		Status:     npav1beta1.ClusterNetworkPolicyStatus{Conditions: cnp.Status.Conditions},
 	}
@@ -156,10 +90,8 @@ func TransformClusterNetworkPolicy(cnp *npav1beta1.ClusterNetworkPolicy) *npav1b
 
 // TransformNetworkPolicy returns a copy of np with metadata and spec only, defaulted.
 func TransformNetworkPolicy(np *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
-	out := &networkingv1.NetworkPolicy{
-		ObjectMeta: transformMeta(&np.ObjectMeta),
-		Spec:       *np.Spec.DeepCopy(), // defaulting must not write into the input
-	}
+	out := cluster.StripNetworkPolicy(np)
+	out.Spec = *np.Spec.DeepCopy() // defaulting must not write into the input
 	cluster.DefaultNetworkPolicy(out)
 	return out
 }

@@ -193,7 +193,7 @@ func (l *loader) readFile(name string, prev *fileContent) readResult {
 	if sum := sha256.Sum256(data); prev != nil && prev.sum == sum {
 		r.fc = prev
 	} else {
-		r.fc = parseFile(path, name, data, isJSON, l.logger)
+		r.fc = parseFile(path, name, data, sum, isJSON, l.logger)
 		r.fc.hex = hex.EncodeToString(sum[:])
 	}
 	return r
@@ -223,12 +223,16 @@ func readRegular(path string) (data []byte, st syscall.Stat_t, err error) {
 	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return nil, st, nil
 	}
-	// One byte more than the size, so that a file that has not grown is read in one call.
+	// One byte more than the size, so that a file that has not grown is read in one call: a
+	// read that returns less than asked once the size is read is at the end of the file (no
+	// second read to find it; a short read before that, on a file system that makes them, is
+	// followed by more reads).
 	data = make([]byte, 0, st.Size+1)
 	for {
 		if len(data) == cap(data) {
 			data = slices.Grow(data, 4096)
 		}
+		want := cap(data) - len(data)
 		n, err := syscall.Read(fd, data[len(data):cap(data)])
 		if err == syscall.EINTR {
 			continue
@@ -236,10 +240,10 @@ func readRegular(path string) (data []byte, st syscall.Stat_t, err error) {
 		if err != nil {
 			return nil, st, err
 		}
-		if n == 0 {
+		data = data[:len(data)+n]
+		if n == 0 || n < want && int64(len(data)) >= st.Size {
 			return data, st, nil
 		}
-		data = data[:len(data)+n]
 	}
 }
 
@@ -301,7 +305,13 @@ func (l *loader) update(names []string) ([]error, error) {
 		}
 	}
 
-	candidates := map[string]bool{}
+	if len(l.files) == 0 && len(l.good) == 0 && len(l.owner) == 0 {
+		// The first read of the directory: its maps are made at their size rather than grown.
+		l.files = make(map[string]*fileState, len(reads))
+		l.good = make(map[string]*fileContent, len(reads))
+		l.owner = make(map[objKey]*owned, len(reads))
+	}
+	candidates := make(map[string]bool, len(reads)+len(l.held))
 	for _, r := range reads {
 		candidates[r.name] = true
 		switch {
@@ -322,8 +332,8 @@ func (l *loader) update(names []string) ([]error, error) {
 	files := slices.Sorted(maps.Keys(candidates))
 
 	// A file's content is its new content when that is good, else its last good content.
-	content := map[string]*fileContent{}
-	fresh := map[string]bool{} // files whose current content is good
+	content := make(map[string]*fileContent, len(candidates))
+	fresh := make(map[string]bool, len(candidates)) // files whose current content is good
 	for _, name := range files {
 		fs := l.files[name]
 		switch {
@@ -361,7 +371,7 @@ func (l *loader) update(names []string) ([]error, error) {
 			ow := &owned{file: name, obj: o, pub: o}
 			if prev := removed[o.key]; prev != nil {
 				delete(removed, o.key)
-				if prev.pub.sum == o.sum {
+				if prev.pub.sameAs(o) {
 					ow.pub = prev.pub
 				}
 			}

@@ -51,12 +51,17 @@ type kindInfo struct {
 	// prepare sets TypeMeta, clears metadata.namespace on cluster-scoped objects (as the API
 	// server does), applies the cluster defaulting and returns the validation errors.
 	prepare func(obj metav1.Object) field.ErrorList
+	// strip returns a prepared, valid object with only what the agent reads (and its TypeMeta),
+	// as the API source keeps: a file's last good content stays in memory as long as it is in
+	// effect.
+	strip func(obj metav1.Object) metav1.Object
 }
 
 func newKind[T any, PT interface {
 	*T
 	metav1.Object
-}](kind string, apiVersions []string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList) kindInfo {
+}](kind string, apiVersions []string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList, strip func(PT) PT) kindInfo {
+	typeMeta := metav1.TypeMeta{Kind: kind, APIVersion: apiVersions[0]}
 	return kindInfo{
 		apiVersions: apiVersions,
 		namespaced:  namespaced,
@@ -67,12 +72,17 @@ func newKind[T any, PT interface {
 		},
 		prepare: func(o metav1.Object) field.ErrorList {
 			obj := o.(PT)
-			setType(obj, metav1.TypeMeta{Kind: kind, APIVersion: apiVersions[0]})
+			setType(obj, typeMeta)
 			if !namespaced {
 				obj.SetNamespace("")
 			}
 			def(obj)
 			return validate(obj)
+		},
+		strip: func(o metav1.Object) metav1.Object {
+			obj := strip(o.(PT))
+			setType(obj, typeMeta)
+			return obj
 		},
 	}
 }
@@ -84,15 +94,16 @@ var (
 
 var kinds = map[string]kindInfo{
 	kindNamespace: newKind(kindNamespace, core, false,
-		func(o *corev1.Namespace, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNamespace, cluster.ValidateNamespace),
+		func(o *corev1.Namespace, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNamespace, cluster.ValidateNamespace, cluster.StripNamespace),
 	kindPod: newKind(kindPod, core, true,
-		func(o *corev1.Pod, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultPod, cluster.ValidatePod),
+		func(o *corev1.Pod, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultPod, cluster.ValidatePod, cluster.StripPod),
 	kindPolicy: newKind(kindPolicy, []string{"networking.k8s.io/v1"}, true,
-		func(o *networkingv1.NetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNetworkPolicy, cluster.ValidateNetworkPolicy),
+		func(o *networkingv1.NetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNetworkPolicy, cluster.ValidateNetworkPolicy, cluster.StripNetworkPolicy),
 	kindNode: newKind(kindNode, core, false,
-		func(o *corev1.Node, tm metav1.TypeMeta) { o.TypeMeta = tm }, func(*corev1.Node) {}, cluster.ValidateNode),
+		func(o *corev1.Node, tm metav1.TypeMeta) { o.TypeMeta = tm }, func(*corev1.Node) {}, cluster.ValidateNode, cluster.StripNode),
 	kindCNP: newKind(kindCNP, cnp, false,
-		func(o *npav1beta1.ClusterNetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, stripClusterPolicy, cluster.ValidateClusterNetworkPolicy),
+		func(o *npav1beta1.ClusterNetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, stripClusterPolicy, cluster.ValidateClusterNetworkPolicy,
+		func(o *npav1beta1.ClusterNetworkPolicy) *npav1beta1.ClusterNetworkPolicy { return o }),
 }
 
 // stripClusterPolicy drops what the agent does not use (status, annotations, managed fields...),
@@ -133,7 +144,28 @@ type object struct {
 	key objKey
 	loc location
 	obj metav1.Object
-	sum [sha256.Size]byte // hash of the object's JSON, for change detection
+	// sum is the hash of the object's JSON, for change detection, computed when first needed
+	// (a cold start compares none). Only the loader's update reads it.
+	sum    [sha256.Size]byte
+	summed bool
+}
+
+// sameAs reports whether o and other are equal objects (by their sums).
+func (o *object) sameAs(other *object) bool {
+	return o.digest() && other.digest() && o.sum == other.sum
+}
+
+// digest computes the object's sum if needed; false if it cannot be computed (never for the
+// kinds read): the object is then taken as changed.
+func (o *object) digest() bool {
+	if !o.summed {
+		b, err := json.Marshal(o.obj)
+		if err != nil {
+			return false
+		}
+		o.sum, o.summed = sha256.Sum256(b), true
+	}
+	return true
 }
 
 // fileContent is the result of parsing one file's bytes.
@@ -155,11 +187,10 @@ type parser struct {
 	seen   map[objKey]*object
 }
 
-// parseFile parses the content of one manifest file. isJSON selects JSON (a stream of values)
-// rather than multi-document YAML.
-func parseFile(path, name string, data []byte, isJSON bool, logger *slog.Logger) *fileContent {
+// parseFile parses the content of one manifest file, whose hash is sum. isJSON selects JSON (a
+// stream of values) rather than multi-document YAML.
+func parseFile(path, name string, data []byte, sum [sha256.Size]byte, isJSON bool, logger *slog.Logger) *fileContent {
 	p := &parser{isYAML: !isJSON, path: path, logger: logger, seen: map[objKey]*object{}}
-	sum := sha256.Sum256(data)
 	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) // UTF-8 byte order mark
 	if isJSON {
 		p.parseJSON(data)
@@ -192,7 +223,7 @@ func (p *parser) parseJSON(data []byte) {
 			continue
 		}
 		doc++
-		p.parseObject(raw, location{file: p.path, doc: doc, item: -1}, "", "")
+		p.parseObject(raw, nil, location{file: p.path, doc: doc, item: -1}, "", "")
 	}
 }
 
@@ -204,9 +235,15 @@ func lineOf(data []byte, offset int64) int {
 }
 
 func (p *parser) parseYAML(data []byte) {
+	fast := fastYAMLPool.Get().(*fastYAML)
+	defer fastYAMLPool.Put(fast)
 	doc := 0
 	for _, c := range splitYAML(data) {
-		j, err := yaml.YAMLToJSONStrict(c.data)
+		j, hdr, ok := fast.convert(c.data)
+		var err error
+		if !ok {
+			j, err = yaml.YAMLToJSONStrict(c.data)
+		}
 		if err != nil {
 			doc++
 			loc := location{file: p.path, doc: doc, line: c.line, item: -1}
@@ -217,7 +254,7 @@ func (p *parser) parseYAML(data []byte) {
 			continue // empty document (only comments or whitespace)
 		}
 		doc++
-		p.parseObject(j, location{file: p.path, doc: doc, line: c.line, item: -1}, "", "")
+		p.parseObject(j, hdr, location{file: p.path, doc: doc, line: c.line, item: -1}, "", "")
 	}
 }
 
@@ -275,24 +312,29 @@ func yamlError(err error, startLine int) error {
 	return errors.New("invalid YAML: " + msg)
 }
 
+// header is what parseObject reads of a document before it knows its type.
+type header struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+}
+
 // parseObject handles one document or List item (as JSON). itemKind and itemAPIVersion are the
 // kind and version implied by a typed list (PodList...) for items that carry no apiVersion and
-// kind.
-func (p *parser) parseObject(raw []byte, loc location, itemKind, itemAPIVersion string) {
+// kind. read is the header of raw when the caller has it (it is decoded from raw otherwise).
+func (p *parser) parseObject(raw []byte, read *header, loc location, itemKind, itemAPIVersion string) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || raw[0] != '{' {
 		p.errs = append(p.errs, loc.errorf("not an object: expected a mapping with apiVersion and kind"))
 		return
 	}
-	var hdr struct {
-		APIVersion string `json:"apiVersion"`
-		Kind       string `json:"kind"`
-		Metadata   struct {
-			Name      string `json:"name"`
-			Namespace string `json:"namespace"`
-		} `json:"metadata"`
-	}
-	if err := sjson.UnmarshalCaseSensitivePreserveInts(raw, &hdr); err != nil {
+	var hdr header
+	if read != nil {
+		hdr = *read
+	} else if err := sjson.UnmarshalCaseSensitivePreserveInts(raw, &hdr); err != nil {
 		p.errs = append(p.errs, loc.err(p.decodeError(err)))
 		return
 	}
@@ -362,12 +404,7 @@ func (p *parser) parseObject(raw []byte, loc location, itemKind, itemAPIVersion 
 		p.errs = append(p.errs, loc.errorf("duplicate %s: also defined in %s of this file", key, prev.loc.docRef()))
 		return
 	}
-	b, err := json.Marshal(obj)
-	if err != nil { // cannot happen for these types
-		p.errs = append(p.errs, loc.err(err))
-		return
-	}
-	o := &object{key: key, loc: loc, obj: obj, sum: sha256.Sum256(b)}
+	o := &object{key: key, loc: loc, obj: info.strip(obj)}
 	p.seen[key] = o
 	p.objs = append(p.objs, o)
 }
@@ -406,7 +443,7 @@ func (p *parser) parseList(raw []byte, apiVersion string, wantAPIVersions []stri
 		if itemKind != "" {
 			itemAPIVersion = apiVersion
 		}
-		p.parseObject(item, itemLoc, itemKind, itemAPIVersion)
+		p.parseObject(item, nil, itemLoc, itemKind, itemAPIVersion)
 	}
 }
 
