@@ -163,6 +163,9 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			// The API server's own share (admission, the CRD's validation rules, etcd), which
+			// no agent can shorten.
+			cnpLatency["create-call"] = append(cnpLatency["create-call"], time.Since(t0))
 			if err := sim.WaitResource(30*time.Second, kubeapi.ClusterPolicyResource, cluster.ParseResourceVersion(created.ResourceVersion)); err != nil {
 				b.Fatal(err)
 			}
@@ -208,9 +211,13 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 	sortDurations(createToEnforced)
 	b.ReportMetric(ms(createToEnforced[len(createToEnforced)/2]), "create-to-enforced-p50-ms")
 	b.ReportMetric(ms(createToEnforced[len(createToEnforced)-1]), "create-to-enforced-max-ms")
-	for _, ev := range []string{"create", "priority", "delete"} {
+	for _, ev := range []string{"create", "create-call", "priority", "delete"} {
 		d := cnpLatency[ev]
 		sortDurations(d)
+		if ev == "create-call" {
+			b.ReportMetric(ms(d[len(d)/2]), "cnp-create-api-call-p50-ms")
+			continue
+		}
 		b.ReportMetric(ms(d[len(d)/2]), "cnp-"+ev+"-to-enforced-p50-ms")
 	}
 }
