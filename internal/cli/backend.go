@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/iptables"
@@ -95,12 +96,19 @@ func cleanupPolicy(ctx context.Context) error {
 func retireOtherPolicyBackends(chosen dataplane.PolicyBackend) func(context.Context) error {
 	return func(ctx context.Context) error {
 		if _, isNFT := chosen.(*nftables.Backend); isNFT {
-			var errs []error
-			for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
-				if r, err := xtables.NewRunner(ctx, m); err == nil {
-					errs = append(errs, iptables.CleanupRules(ctx, r))
-				}
+			// The two variants are separate tools with separate tables: looking at both at once
+			// halves what a cold start (agent --once) waits for here.
+			modes := []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy}
+			errs := make([]error, len(modes))
+			var wg sync.WaitGroup
+			for i, m := range modes {
+				wg.Go(func() {
+					if r, err := xtables.NewRunner(ctx, m); err == nil {
+						errs[i] = iptables.CleanupRules(ctx, r)
+					}
+				})
 			}
+			wg.Wait()
 			if err := errors.Join(errs...); err != nil {
 				return err
 			}
