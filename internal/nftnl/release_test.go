@@ -1,6 +1,8 @@
 package nftnl_test
 
 import (
+	"errors"
+	"golang.org/x/sys/unix"
 	"os"
 	"strings"
 	"testing"
@@ -77,6 +79,41 @@ func TestReleaseFreesSockets(t *testing.T) {
 				t.Fatalf("released sockets were never freed: %d nfnetlink sockets left, want %d", userNetfilterSockets(t), before)
 			}
 			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}
+
+// TestKernelErrorsKeepTheirErrno: the kernel's refusals reach the caller as their errno, both
+// of a query (a chain that does not exist) and of a batch (a rule in a chain that does not
+// exist), even though the socket asks for capped acknowledgements.
+func TestKernelErrorsKeepTheirErrno(t *testing.T) {
+	testbed.InFreshNetNS(t, func() {
+		var c nftnl.Conn
+		t.Cleanup(c.Release)
+		table := &gnft.Table{Name: "errno-test", Family: gnft.TableFamilyINet}
+		conn, err := c.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// google/nftables words the errno into its error rather than wrapping it.
+		isENOENT := func(err error) bool {
+			return err != nil && (errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), unix.ENOENT.Error()))
+		}
+		if _, err := conn.ListChain(table, "missing"); !isENOENT(err) {
+			t.Fatalf("listing a missing chain: %v, want ENOENT", err)
+		}
+		err = c.Batch(func(conn *gnft.Conn) error {
+			conn.AddTable(table)
+			conn.AddRule(&gnft.Rule{Table: table, Chain: &gnft.Chain{Name: "missing", Table: table},
+				Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}})
+			return nil
+		})
+		if !isENOENT(err) {
+			t.Fatalf("a batch adding a rule to a missing chain: %v, want ENOENT", err)
+		}
+		// The failed batch committed nothing, and the Conn works on.
+		if err := c.Batch(func(conn *gnft.Conn) error { conn.AddTable(table); return nil }); err != nil {
+			t.Fatalf("a batch after the failed one: %v", err)
 		}
 	})
 }

@@ -198,6 +198,13 @@ func (s *socket) receive() ([]netlink.Message, error) {
 			},
 			Data: append([]byte(nil), m.Data...),
 		}
+		// With NETLINK_CAP_ACK an error carries the failed request's header without its
+		// payload, but that header still states the request's full length, which
+		// mdlayher/netlink adds to find the extended-ack attributes behind it. Say what is
+		// there: the header alone.
+		if m.Header.Type == unix.NLMSG_ERROR && m.Header.Flags&unix.NLM_F_CAPPED != 0 && len(msgs[i].Data) >= 4+unix.NLMSG_HDRLEN {
+			binary.NativeEndian.PutUint32(msgs[i].Data[4:8], unix.NLMSG_HDRLEN)
+		}
 	}
 	return msgs, nil
 }
