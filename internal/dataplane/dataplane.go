@@ -51,3 +51,19 @@ type Compactor interface {
 	// Compact applies them.
 	Compact(ctx context.Context) (SyncResult, error)
 }
+
+// DropLog configures the logging of packets the policy rules drop: each drop is sent to
+// NFLOG group Group with its policy.DropReasons ID as prefix, for packets of new connections
+// only (each denied attempt once), at most Rate a second with bursts of Burst, limited in the
+// kernel so that a flood of denied packets cannot flood the reader.
+type DropLog struct {
+	Group uint16
+	Rate  uint32 // packets a second, per drop rule
+	Burst uint32
+}
+
+// DropLogger is a PolicyBackend that can log the packets its rules drop. SetDropLog is called
+// before the first sync; nil (the default) logs nothing.
+type DropLogger interface {
+	SetDropLog(*DropLog)
+}

@@ -133,6 +133,8 @@ var ndTypes = "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-so
 // pointer, which lets diff skip them without comparing elements.
 type Renderer struct {
 	prev, cur renderCache
+	// log, when set, adds a rate-limited NFLOG statement before every drop the policies make.
+	log *dataplane.DropLog
 }
 
 type renderCache struct {
@@ -143,7 +145,14 @@ type renderCache struct {
 	policies  map[*policy.PolicyRules][2]*chain
 
 	tierGroups      map[string]renderedGroup
-	clusterPolicies map[*policy.ClusterPolicyRules][2]*chain
+	clusterPolicies map[*policy.ClusterPolicyRules]clusterChains
+}
+
+// clusterChains are a ClusterNetworkPolicy direction's chains (IPv4, IPv6) and, with drop
+// logging, the chain each Deny rule goes to, which logs and drops.
+type clusterChains struct {
+	chains [2]*chain
+	drops  map[string]*chain
 }
 
 // renderedGroup is a group's chains (IPv4, IPv6) with the policies they were rendered from.
@@ -162,7 +171,7 @@ func newRenderCache(prev renderCache) renderCache {
 		policies:  make(map[*policy.PolicyRules][2]*chain, len(prev.policies)),
 
 		tierGroups:      make(map[string]renderedGroup, len(prev.tierGroups)),
-		clusterPolicies: make(map[*policy.ClusterPolicyRules][2]*chain, len(prev.clusterPolicies)),
+		clusterPolicies: make(map[*policy.ClusterPolicyRules]clusterChains, len(prev.clusterPolicies)),
 	}
 }
 
@@ -219,6 +228,9 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 				specs := make([]ruleSpec, 0, len(g.Policies)+1)
 				for _, p := range g.Policies {
 					specs = append(specs, ruleSpec{jump: familyChain(p, v6)})
+				}
+				if rd.log != nil {
+					specs = append(specs, logSpec(rd.log, policy.GroupDropID(name)))
 				}
 				rg.chains[fam] = specChain(append(specs, ruleSpec{drop: true}))
 			}
@@ -356,7 +368,19 @@ type ruleSpec struct {
 	jump     string // verdict: jump to this chain; else goto gotoTo; else drop when drop, else accept
 	gotoTo   string
 	drop     bool
+	// log, when set, makes a rule with no verdict: for the first packet of a connection, within
+	// the rate limit, send the packet to NFLOG with logPrefix.
+	log       *dataplane.DropLog
+	logPrefix string
 }
+
+// logSpec is the rule logging a drop whose ID is id; the drop follows it. Only packets of
+// new connections are logged, so that each denied attempt logs once however long the peer
+// retries within it, and the limit is in the kernel, so that a flood is cut where it arises.
+func logSpec(l *dataplane.DropLog, id string) ruleSpec { return ruleSpec{log: l, logPrefix: id} }
+
+// dropChain names the chain that logs and drops for one ClusterNetworkPolicy Deny rule.
+func dropChain(id string) string { return "drop-" + strings.TrimPrefix(id, policy.DropIDPrefix) }
 
 func (r ruleSpec) text() string {
 	var parts []string
@@ -373,6 +397,9 @@ func (r ruleSpec) text() string {
 		parts = append(parts, fmt.Sprintf("%s daddr . th dport @%s", ipKeyword(r.v6), r.namedSet))
 	}
 	switch {
+	case r.log != nil:
+		parts = append(parts, fmt.Sprintf("ct state new limit rate %d/second burst %d packets log prefix %q group %d",
+			r.log.Rate, r.log.Burst, r.logPrefix, r.log.Group))
 	case r.jump != "":
 		parts = append(parts, "jump "+r.jump)
 	case r.gotoTo != "":
