@@ -43,6 +43,9 @@ type Config struct {
 	CompactDelay time.Duration
 	HealthAddr   string
 	Logger       *slog.Logger
+	// DropLog, when set, logs the packets policy drops (see dataplane.DropLog): the backend
+	// adds the log rules and the agent reads the group, one line per denied attempt.
+	DropLog *dataplane.DropLog
 }
 
 // Agent keeps the kernel in step with the cluster.
@@ -61,6 +64,7 @@ type Agent struct {
 	// inSync: the kernel holds the Ruleset the compiler made last (policy loop only).
 	inSync  bool
 	skipped skipReport
+	drops   *dropLog // nil without DropLog, and until Run opens it
 }
 
 // New returns an Agent; call Run or Once.
@@ -83,6 +87,9 @@ func New(cfg Config) *Agent {
 	}
 	if cfg.Masquerade != nil {
 		a.masq = newMasqLoop(a, cfg.Masquerade)
+	}
+	if dl, ok := cfg.Policy.(dataplane.DropLogger); ok && cfg.DropLog != nil {
+		dl.SetDropLog(cfg.DropLog)
 	}
 	return a
 }
@@ -204,6 +211,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Policy != nil {
 		a.metrics.backendInfo.WithLabelValues("network-policy", a.cfg.Policy.Name()).Set(1)
 		a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()) // exported as 0 from the start
+	}
+	if a.cfg.DropLog != nil && a.cfg.Policy != nil {
+		// Before the first sync, so that no logged drop goes unread and a group another
+		// process holds stops the agent with a clear error.
+		d, err := openDropLog(a, a.cfg.DropLog)
+		if err != nil {
+			return fmt.Errorf("--log-drops: %w", err)
+		}
+		a.drops = d
+		go d.run(ctx)
+		a.log.Info("logging drops", "nflogGroup", a.cfg.DropLog.Group, "rate", a.cfg.DropLog.Rate, "burst", a.cfg.DropLog.Burst)
 	}
 	srcErr := a.startSource(ctx)
 	if err := a.waitSynced(ctx, srcErr); err != nil {
@@ -351,6 +369,9 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 		return err
 	}
 	a.inSync = true
+	if a.drops != nil {
+		a.drops.setApplied(rs)
+	}
 	a.metrics.observeSync(a.cfg.Policy.Name(), res, stats, time.Since(start).Seconds())
 	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
 	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
