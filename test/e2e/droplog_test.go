@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/netwarden/netwarden/internal/testbed"
 )
@@ -218,6 +220,40 @@ func TestDropLogging(t *testing.T) {
 		markers := len(dropLines(w.sim.Log(), "src=x/marker", "proto=udp"))
 		if after-before != float64(logged+markers) {
 			t.Errorf("%s moved by %v over the flood, want %d (its lines and the markers')", series, after-before, logged+markers)
+		}
+
+		// A ClusterNetworkPolicy Deny rule names the policy and the rule, and the direction
+		// it judged; it drops before NetworkPolicy admits.
+		cnp := &npav1beta1.ClusterNetworkPolicy{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "policy.networking.k8s.io/v1beta1", Kind: "ClusterNetworkPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: "fence"},
+			Spec: npav1beta1.ClusterNetworkPolicySpec{Tier: npav1beta1.AdminTier, Priority: 1,
+				Subject: npav1beta1.ClusterNetworkPolicySubject{Pods: &npav1beta1.NamespacedPod{
+					NamespaceSelector: metav1.LabelSelector{}, PodSelector: sel("app", "friend")}},
+				Egress: []npav1beta1.ClusterNetworkPolicyEgressRule{{Name: "no-server", Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny,
+					To: []npav1beta1.ClusterNetworkPolicyEgressPeer{{Pods: &npav1beta1.NamespacedPod{NamespaceSelector: metav1.LabelSelector{}, PodSelector: sel("app", "server")}}}}}},
+		}
+		if err := w.sim.Apply(append(w.objects(), cnp)...); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.sim.FlushConntrack(); err != nil {
+			t.Fatal(err)
+		}
+		if connectOnce(t, allowed.Src, netip.AddrPortFrom(dst, 80)) {
+			t.Fatalf("%v: allowed, want denied by the ClusterNetworkPolicy", allowed)
+		}
+		waitFor(t, 10*time.Second, "the ClusterNetworkPolicy drop line", func() bool {
+			return len(dropLines(w.sim.Log(), "src=x/friend")) > 0
+		})
+		got = dropLines(w.sim.Log(), "src=x/friend")
+		for _, want := range []string{"direction=egress", "dst=x/server", "port=80", "clusterPolicy=fence", "rule=no-server",
+			`reason="denied by admin ClusterNetworkPolicy fence rule no-server"`} {
+			if !strings.Contains(got[0], want) {
+				t.Errorf("drop line lacks %s: %s", want, got[0])
+			}
+		}
+		if cs := `netwarden_dropped_packets_total{direction="egress",namespace="",policy="fence"}`; metricValue(metricsOf(t, w.sim.StatusSocket()), cs) < 1 {
+			t.Errorf("%s did not move", cs)
 		}
 	})
 }
