@@ -46,6 +46,9 @@ type Config struct {
 	// DropLog, when set, logs the packets policy drops (see dataplane.DropLog): the backend
 	// adds the log rules and the agent reads the group, one line per denied attempt.
 	DropLog *dataplane.DropLog
+	// PolicyCounters, when set, counts the packets each policy's rules decide and exports
+	// them as netwarden_policy_packets_total (backends that implement dataplane.PolicyCounters).
+	PolicyCounters bool
 }
 
 // Agent keeps the kernel in step with the cluster.
@@ -65,6 +68,8 @@ type Agent struct {
 	inSync  bool
 	skipped skipReport
 	drops   *dropLog // nil without DropLog, and until Run opens it
+	// applied is the Ruleset the kernel holds, for what reads the kernel's counters and logs.
+	applied atomic.Pointer[policy.Ruleset]
 }
 
 // New returns an Agent; call Run or Once.
@@ -90,6 +95,10 @@ func New(cfg Config) *Agent {
 	}
 	if dl, ok := cfg.Policy.(dataplane.DropLogger); ok && cfg.DropLog != nil {
 		dl.SetDropLog(cfg.DropLog)
+	}
+	if pc, ok := cfg.Policy.(dataplane.PolicyCounters); ok && cfg.PolicyCounters {
+		pc.SetPolicyCounters(true)
+		a.metrics.registry.MustRegister(newPolicyCounterCollector(a, pc))
 	}
 	return a
 }
@@ -179,6 +188,7 @@ func (a *Agent) Once(ctx context.Context) error {
 	a.log.Info("synced", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
 		"clusterPolicies", stats.ClusterPoliciesSelecting)
+	a.applied.Store(rs)
 	if err := a.cfg.Policy.Verify(ctx); err != nil {
 		return fmt.Errorf("kernel does not hold the desired state after sync: %w", err)
 	}
@@ -369,9 +379,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 		return err
 	}
 	a.inSync = true
-	if a.drops != nil {
-		a.drops.setApplied(rs)
-	}
+	a.applied.Store(rs)
 	a.metrics.observeSync(a.cfg.Policy.Name(), res, stats, time.Since(start).Seconds())
 	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
 	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })

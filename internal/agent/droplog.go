@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/netip"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,10 +21,6 @@ import (
 type dropLog struct {
 	a    *Agent
 	conn *nflog.Conn
-
-	// applied is the Ruleset of the last successful sync.
-	mu      sync.Mutex
-	applied *policy.Ruleset
 
 	// Caches, touched only by the reader goroutine.
 	reasonsOf *policy.Ruleset
@@ -58,12 +53,6 @@ func openDropLog(a *Agent, cfg *dataplane.DropLog) (*dropLog, error) {
 	}
 	a.metrics.registerDropLog()
 	return &dropLog{a: a, conn: conn, seen: map[flowKey]time.Time{}}, nil
-}
-
-func (d *dropLog) setApplied(rs *policy.Ruleset) {
-	d.mu.Lock()
-	d.applied = rs
-	d.mu.Unlock()
 }
 
 // run reads until ctx is done.
@@ -136,9 +125,7 @@ func (d *dropLog) handle(p nflog.Packet, now time.Time) {
 }
 
 func (d *dropLog) reason(id string) (policy.DropReason, bool) {
-	d.mu.Lock()
-	rs := d.applied
-	d.mu.Unlock()
+	rs := d.a.applied.Load()
 	if rs == nil {
 		return policy.DropReason{}, false
 	}

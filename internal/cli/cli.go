@@ -20,6 +20,7 @@ import (
 	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
 	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/source/kubeapi"
@@ -199,6 +200,12 @@ func agentCmd() *cobra.Command {
 					return err
 				}
 				log.Info("backend selected", "backend", cfg.Policy.Name(), "requested", f.backend)
+				if df.counters {
+					if _, ok := cfg.Policy.(dataplane.PolicyCounters); !ok {
+						return fmt.Errorf("--policy-counters: the %s backend has no per-policy counters (nftables has)", cfg.Policy.Name())
+					}
+					cfg.PolicyCounters = true
+				}
 				cfg.RetireOtherPolicyBackends = retireOtherPolicyBackends(cfg.Policy)
 			} else if err := cleanupPolicy(cmd.Context()); err != nil {
 				// Turning the feature off must not leave old rules enforcing.

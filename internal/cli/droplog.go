@@ -14,6 +14,8 @@ type dropFlags struct {
 	enabled     bool
 	rate, burst uint32
 	group       uint16
+	// counters is --policy-counters, which goes with the other observability flags.
+	counters bool
 }
 
 // maxLogRate is the most that both backends take: iptables' limit match refuses a rate
@@ -27,6 +29,8 @@ func (f *dropFlags) register(cmd *cobra.Command) {
 	fs.Uint32Var(&f.rate, "log-drops-rate", 10,
 		"packets a second each drop rule may log, limited in the kernel (1 to 10000); a flood beyond it is dropped unlogged")
 	fs.Uint32Var(&f.burst, "log-drops-burst", 20, "packets each drop rule may log at once above --log-drops-rate (1 to 10000)")
+	fs.BoolVar(&f.counters, "policy-counters", false,
+		"count the packets each policy's rules accept or drop (the first of each connection) and export them as netwarden_policy_packets_total (nftables backend)")
 	fs.Uint16Var(&f.group, "log-drops-group", 100,
 		"NFLOG group the drops are logged to; one reader per group and network namespace, so no other program on the node may read it")
 }

@@ -67,3 +67,23 @@ type DropLog struct {
 type DropLogger interface {
 	SetDropLog(*DropLog)
 }
+
+// RuleCounter is what one counted rule of a backend has seen.
+type RuleCounter struct {
+	// Source is the Ruleset key of the policy, ClusterNetworkPolicy or group whose rule it
+	// is (a key of Policies, ClusterPolicies or Groups).
+	Source string
+	// Rule tells the rule apart from the others of Source for as long as it exists; a rule
+	// rewritten in place is a new rule, whose count starts again at zero.
+	Rule    string
+	Verdict string // accept, drop or pass
+	Packets uint64
+}
+
+// PolicyCounters is a PolicyBackend that can count the packets each policy's rules decide.
+// SetPolicyCounters is called before the first sync; ReadCounters lists the counted rules and
+// must not disturb a sync running at the same time.
+type PolicyCounters interface {
+	SetPolicyCounters(bool)
+	ReadCounters(ctx context.Context) ([]RuleCounter, error)
+}

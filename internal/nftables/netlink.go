@@ -230,6 +230,9 @@ func (r ruleSpec) exprs() []expr.Any {
 		dport(next)
 		e = append(e, &expr.Lookup{SourceRegister: reg1, SetName: r.namedSet})
 	}
+	if r.counter {
+		e = append(e, &expr.Counter{})
+	}
 	switch {
 	case r.log != nil:
 		e = append(e,

@@ -135,6 +135,8 @@ type Renderer struct {
 	prev, cur renderCache
 	// log, when set, adds a rate-limited NFLOG statement before every drop the policies make.
 	log *dataplane.DropLog
+	// counters adds a counter to every rule that ends a policy's judgement (see PolicyCounters).
+	counters bool
 }
 
 type renderCache struct {
@@ -232,7 +234,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 				if rd.log != nil {
 					specs = append(specs, logSpec(rd.log, policy.GroupDropID(name)))
 				}
-				rg.chains[fam] = specChain(append(specs, ruleSpec{drop: true}))
+				rg.chains[fam] = specChain(append(specs, ruleSpec{drop: true, counter: rd.counters}))
 			}
 		}
 		rd.cur.groups[name] = rg
@@ -241,7 +243,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	for name, p := range rs.Policies {
 		pair, ok := rd.prev.policies[p]
 		if !ok {
-			pair = policyChains(p)
+			pair = policyChains(p, rd.counters)
 		}
 		rd.cur.policies[p] = pair
 		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = pair[0], pair[1]
@@ -372,6 +374,8 @@ type ruleSpec struct {
 	// the rate limit, send the packet to NFLOG with logPrefix.
 	log       *dataplane.DropLog
 	logPrefix string
+	// counter counts the packets the rule matches, just before its verdict.
+	counter bool
 }
 
 // logSpec is the rule logging a drop whose ID is id; the drop follows it. Only packets of
@@ -395,6 +399,9 @@ func (r ruleSpec) text() string {
 	}
 	if r.namedSet != "" {
 		parts = append(parts, fmt.Sprintf("%s daddr . th dport @%s", ipKeyword(r.v6), r.namedSet))
+	}
+	if r.counter {
+		parts = append(parts, "counter")
 	}
 	switch {
 	case r.log != nil:
@@ -429,9 +436,9 @@ func specChain(specs []ruleSpec) *chain {
 func familyChain(name string, v6 bool) string { return name + famSuffix(v6) }
 
 // policyChains renders a policy's rules as its IPv4 and its IPv6 chain.
-func policyChains(p *policy.PolicyRules) [2]*chain {
+func policyChains(p *policy.PolicyRules, counters bool) [2]*chain {
 	var specs [2][]ruleSpec
-	for _, sp := range policyRules(p) {
+	for _, sp := range policyRules(p, counters) {
 		fam := 0
 		if sp.v6 {
 			fam = 1
@@ -443,10 +450,10 @@ func policyChains(p *policy.PolicyRules) [2]*chain {
 
 // policyRules expands each policy rule into nft rules: one per peer, port range and IP family.
 // Any one of them accepting means the policy allows.
-func policyRules(p *policy.PolicyRules) []ruleSpec {
+func policyRules(p *policy.PolicyRules, counters bool) []ruleSpec {
 	var out []ruleSpec
 	for _, rule := range p.Rules {
-		out = expandRule(out, p.Direction, rule.Peers, rule.Ports, ruleSpec{})
+		out = expandRule(out, p.Direction, rule.Peers, rule.Ports, ruleSpec{counter: counters})
 	}
 	return out
 }

@@ -117,7 +117,7 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 	for name, p := range rs.ClusterPolicies {
 		cc, ok := rd.prev.clusterPolicies[p]
 		if !ok {
-			cc = clusterPolicyChains(name, p, rd.log)
+			cc = clusterPolicyChains(name, p, rd.log, rd.counters)
 		}
 		rd.cur.clusterPolicies[p] = cc
 		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = cc.chains[0], cc.chains[1]
@@ -138,7 +138,7 @@ func isFamilyRule(rule string, v6 bool) bool {
 // it in the Ruleset) as its IPv4 and IPv6 chain, in order, each rule ending in its action's
 // verdict. With drop logging a Deny rule goes to a chain of its own that logs and drops,
 // which leaves one rule per match: packets the rule does not match cost what they did.
-func clusterPolicyChains(name string, p *policy.ClusterPolicyRules, log *dataplane.DropLog) clusterChains {
+func clusterPolicyChains(name string, p *policy.ClusterPolicyRules, log *dataplane.DropLog, counters bool) clusterChains {
 	var specs [2][]ruleSpec
 	var drops map[string]*chain
 	for _, rule := range p.Rules {
@@ -161,6 +161,7 @@ func clusterPolicyChains(name string, p *policy.ClusterPolicyRules, log *datapla
 			}
 			// A baseline Pass skips the rest of the baseline tier, and only allow is left.
 		}
+		verdict.counter = counters
 		for _, sp := range expandRule(nil, p.Direction, rule.Peers, rule.Ports, verdict) {
 			fam := 0
 			if sp.v6 {

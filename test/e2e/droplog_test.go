@@ -106,6 +106,35 @@ func connectOnce(t *testing.T, src *testbed.Pod, dst netip.AddrPort) bool {
 	return ok
 }
 
+// sumMetric adds up the samples of metric whose labels include every one of labels.
+func sumMetric(metrics, metric string, labels ...string) float64 {
+	sum := 0.0
+	for _, l := range strings.Split(metrics, "\n") {
+		if !strings.HasPrefix(l, metric+"{") {
+			continue
+		}
+		ok := true
+		for _, lb := range labels {
+			ok = ok && strings.Contains(l, lb)
+		}
+		if ok {
+			f, _ := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+			sum += f
+		}
+	}
+	return sum
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 // sendUDP sends n datagrams from pod src to dst, each from a socket of its own and so from a
 // port of its own: n connection attempts, each new to conntrack.
 func sendUDP(t *testing.T, src *testbed.Pod, dst netip.AddrPort, n int) {
@@ -143,8 +172,11 @@ func TestDropLogging(t *testing.T) {
 		// A rate of one a second with a burst of 3: the flood below sends far more in the time
 		// it takes, so the bound is tight enough to fail.
 		const rate, burst = 1, 3
-		if err := w.sim.StartAgent("--log-drops", "--log-drops-rate", strconv.Itoa(rate), "--log-drops-burst", strconv.Itoa(burst),
-			"--log-drops-group", "33"); err != nil {
+		flags := []string{"--log-drops", "--log-drops-rate", strconv.Itoa(rate), "--log-drops-burst", strconv.Itoa(burst), "--log-drops-group", "33"}
+		if !be.iptables() {
+			flags = append(flags, "--policy-counters")
+		}
+		if err := w.sim.StartAgent(flags...); err != nil {
 			t.Fatal(err)
 		}
 		w.apply(t)
@@ -191,6 +223,16 @@ func TestDropLogging(t *testing.T) {
 		before := metricValue(metricsOf(t, w.sim.StatusSocket()), series)
 		if before < 3 {
 			t.Fatalf("%s = %v after three denied SYNs, want at least 3", series, before)
+		}
+
+		if !be.iptables() {
+			m := metricsOf(t, w.sim.StatusSocket())
+			// Three allowed connections (the probe may try twice), and three denied SYNs.
+			accepted := sumMetric(m, "netwarden_policy_packets_total", `kind="NetworkPolicy"`, `namespace="x"`, `policy="web"`, `direction="ingress"`, `verdict="accept"`)
+			dropped := sumMetric(m, "netwarden_policy_packets_total", `kind="NetworkPolicy"`, `namespace="x"`, `policy="web"`, `direction="ingress"`, `verdict="drop"`)
+			if accepted < 2 || dropped < 3 {
+				t.Errorf("policy counters: %v accepted, %v dropped; want at least 2 and 3:\n%s", accepted, dropped, grepLines(m, "netwarden_policy_packets_total"))
+			}
 		}
 
 		// The flood: attempts from new ports, each a new connection. The kernel lets through
@@ -252,8 +294,40 @@ func TestDropLogging(t *testing.T) {
 				t.Errorf("drop line lacks %s: %s", want, got[0])
 			}
 		}
-		if cs := `netwarden_dropped_packets_total{direction="egress",namespace="",policy="fence"}`; metricValue(metricsOf(t, w.sim.StatusSocket()), cs) < 1 {
+		m := metricsOf(t, w.sim.StatusSocket())
+		if cs := `netwarden_dropped_packets_total{direction="egress",namespace="",policy="fence"}`; metricValue(m, cs) < 1 {
 			t.Errorf("%s did not move", cs)
+		}
+		if !be.iptables() {
+			if n := sumMetric(m, "netwarden_policy_packets_total", `kind="ClusterNetworkPolicy"`, `policy="fence"`, `direction="egress"`, `verdict="drop"`); n < 1 {
+				t.Errorf("policy counter of the ClusterNetworkPolicy's deny: %v, want at least 1:\n%s", n, grepLines(m, "netwarden_policy_packets_total"))
+			}
+		}
+
+		if be.iptables() {
+			return
+		}
+		// explain --kernel agrees with the kernel the agent programmed, and says so loudly
+		// once the kernel stops holding a fact the verdict depends on. The agent is stopped
+		// first, so that no resync repairs the change before explain looks.
+		if err := w.sim.StopAgent(); err != nil {
+			t.Fatal(err)
+		}
+		explainArgs := []string{"explain", "--kernel", "--manifests", w.sim.Dir, "--node-name", w.sim.NodeName,
+			"--from", "x/stranger", "--to", "x/server", "--port", "80/tcp"}
+		out, err := w.sim.RunAgent(ctx, explainArgs...)
+		if err != nil || strings.Contains(out, "KERNEL MISMATCH") || !strings.Contains(out, "kernel: agrees") {
+			t.Fatalf("explain --kernel on an agreeing kernel: %v\n%s", err, out)
+		}
+		if !strings.Contains(out, "set ") || !strings.Contains(out, "maps "+dst.String()+" to jump grp-ingress-") {
+			t.Errorf("explain --kernel did not check the server's dispatch and the peer sets:\n%s", out)
+		}
+		if o, err := w.sim.Nft("delete", "element", "inet", "netwarden", "dispatch-in-v4", "{", dst.String(), "}"); err != nil {
+			t.Fatalf("%v: %s", err, o)
+		}
+		out, err = w.sim.RunAgent(ctx, explainArgs...)
+		if err == nil || !strings.Contains(out, "KERNEL MISMATCH: want: map dispatch-in-v4 maps "+dst.String()) {
+			t.Fatalf("explain --kernel with the server's dispatch element gone: %v, want a mismatch and an error:\n%s", err, out)
 		}
 	})
 }
