@@ -3,8 +3,8 @@ package bench
 import (
 	"context"
 	"errors"
-	"slices"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
