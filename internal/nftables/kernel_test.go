@@ -171,7 +171,7 @@ func TestKernelFullIncrementalVerifyCleanup(t *testing.T) {
 // and on (the log rules have both encodings too).
 func TestNetlinkAndCLIProgramTheSameTable(t *testing.T) {
 	t.Run("plain", func(t *testing.T) { testNetlinkAndCLI(t, nil) })
-	t.Run("log-drops", func(t *testing.T) { testNetlinkAndCLI(t, &dataplane.DropLog{Group: 7, Rate: 10, Burst: 20}) })
+	t.Run("log-drops+counters", func(t *testing.T) { testNetlinkAndCLI(t, &dataplane.DropLog{Group: 7, Rate: 10, Burst: 20}) })
 }
 
 func testNetlinkAndCLI(t *testing.T, log *dataplane.DropLog) {
@@ -182,6 +182,7 @@ func testNetlinkAndCLI(t *testing.T, log *dataplane.DropLog) {
 			t.Fatal(err)
 		}
 		b.SetDropLog(log)
+		b.SetPolicyCounters(log != nil)
 		base := stateWithPods(3)
 		rs, _ := policy.Compile(base, "n1")
 		if _, err := b.FullSync(ctx, rs); err != nil {
@@ -220,7 +221,7 @@ func testNetlinkAndCLI(t *testing.T, log *dataplane.DropLog) {
 		p.Spec.Containers = []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}}
 		next.Pods["a/pb"] = p
 		rs2, _ := policy.Compile(next, "n1")
-		r2 := (&Renderer{log: log}).Render(rs2)
+		r2 := (&Renderer{log: log, counters: log != nil}).Render(rs2)
 		if p := diff(b.applied, r2); !p.netlinkable(r2) || len(p.newChains) == 0 {
 			t.Fatalf("expected a structural netlink plan, got %+v", p)
 		}
@@ -228,7 +229,7 @@ func testNetlinkAndCLI(t *testing.T, log *dataplane.DropLog) {
 			t.Fatalf("netlink sync: %+v %v (a full sync means the netlink batch failed)", res, err)
 		}
 		viaNetlink, viaNetlinkExprs := listCanonical(t), ruleExprs(t)
-		if hasLog := strings.Contains(viaNetlinkExprs, "[ log prefix nw:g-"); hasLog != (log != nil) {
+		if hasLog := strings.Contains(viaNetlinkExprs, "[ log prefix nw:g-") && strings.Contains(viaNetlinkExprs, "[ counter "); hasLog != (log != nil) {
 			t.Fatalf("log expressions present: %v, want %v:\n%s", hasLog, log != nil, viaNetlinkExprs)
 		}
 		if err := b.Verify(ctx); err != nil {
