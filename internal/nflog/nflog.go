@@ -36,7 +36,6 @@ const (
 	cfgAttrQThresh = 5
 
 	cmdBind     = 1
-	cmdUnbind   = 2
 	cmdPFBind   = 3
 	cmdPFUnbind = 4
 
@@ -128,11 +127,10 @@ func nfgenmsg(family uint8, resID uint16) []byte {
 	return b
 }
 
-// Close unbinds the group and closes the socket.
-func (l *Conn) Close() error {
-	_ = l.config(unix.AF_UNSPEC, l.group, cmdUnbind, nil)
-	return l.c.Close()
-}
+// Close closes the socket, which unbinds the group: the kernel drops a socket's instances
+// when it is released. It returns a Receive blocked at the time. An explicit UNBIND would have
+// to wait for that Receive, which holds the connection.
+func (l *Conn) Close() error { return l.c.Close() }
 
 // SetReadDeadline makes a blocked Receive return at t, to stop a reader.
 func (l *Conn) SetReadDeadline(t time.Time) error { return l.c.SetReadDeadline(t) }

@@ -37,7 +37,7 @@ func TestReceive(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
+		defer c.Close() // again, when the test ends early; a second Close only fails
 		if _, err := Open(7); err == nil || !strings.Contains(err.Error(), "one reader per group") {
 			t.Fatalf("a second reader of group 7: %v, want an error saying the group is taken", err)
 		}
@@ -72,6 +72,25 @@ func TestReceive(t *testing.T) {
 		if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 			t.Fatalf("got %+v\nwant %+v", got, want)
 		}
+
+		// Close returns a blocked Receive and frees the group for the next reader.
+		_ = c.SetReadDeadline(time.Time{})
+		done := make(chan error, 1)
+		go func() { _, err := c.Receive(); done <- err }()
+		time.Sleep(50 * time.Millisecond) // most likely blocked by now; either way it must return
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Receive still blocked 10 s after Close")
+		}
+		again, err := Open(7)
+		if err != nil {
+			t.Fatalf("group 7 after Close: %v", err)
+		}
+		again.Close()
 	}, "nft", "ip")
 }
 
