@@ -157,10 +157,62 @@ type clusterChains struct {
 	drops  map[string]*chain
 }
 
-// renderedGroup is a group's chains (IPv4, IPv6) with the policies they were rendered from.
+// renderedGroup is a group's chains (IPv4, IPv6; nil for a family none of its pods has) with
+// the policy chains each jumps to.
 type renderedGroup struct {
-	policies []string
-	chains   [2]*chain
+	jumps  [2][]string
+	chains [2]*chain
+}
+
+// dispatchElements returns the elements of one family's dispatch map (pod address -> jump to
+// its group's chain of that family), and notes in fams which families each group needs.
+func dispatchElements(dispatch map[netip.Addr]string, v6 bool, fams map[string][2]bool) map[string]string {
+	elems := map[string]string{}
+	fam := 0
+	if v6 {
+		fam = 1
+	}
+	for ip, grp := range dispatch {
+		if ip.Is6() == v6 {
+			elems[ip.String()] = "jump " + familyChain(grp, v6)
+			f := fams[grp]
+			f[fam] = true
+			fams[grp] = f
+		}
+	}
+	return elems
+}
+
+// renderGroup renders a group's chain for each family some pod of the group has (fams), into
+// r, reusing prev when its content is the same. A chain jumps to the group's policy chains
+// (already in r) that hold rules of its family, then ends in final. Neither an unused family's
+// chain nor a jump to an empty chain judges a packet, but a change that rewrites every group
+// (a policy selecting all pods) would rewrite them: in a single-stack cluster, half its work.
+func renderGroup(r *Rendered, prev renderedGroup, name string, policies []string, fams [2]bool, final []ruleSpec) renderedGroup {
+	var rg renderedGroup
+	for fam, v6 := range []bool{false, true} {
+		if !fams[fam] {
+			continue
+		}
+		jumps := make([]string, 0, len(policies))
+		for _, p := range policies {
+			if c := r.Chains[familyChain(p, v6)]; c != nil && len(c.rules) > 0 {
+				jumps = append(jumps, familyChain(p, v6))
+			}
+		}
+		rg.jumps[fam] = jumps
+		if prev.chains[fam] != nil && slices.Equal(prev.jumps[fam], jumps) {
+			rg.chains[fam] = prev.chains[fam]
+		} else {
+			specs := make([]ruleSpec, 0, len(jumps)+len(final))
+			for _, j := range jumps {
+				specs = append(specs, ruleSpec{jump: j})
+			}
+			rg.chains[fam] = specChain(append(specs, final...))
+		}
+		r.Chains[familyChain(name, v6)] = rg.chains[fam]
+	}
+	return rg
 }
 
 // newRenderCache returns an empty cache sized like prev, so that filling it does not rehash.
@@ -189,6 +241,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		Sets:    make(map[string]*set, 4+2*len(rs.AddrSets)+len(rs.CIDRSets)+2*len(rs.NamedPortSets)),
 		Chains:  make(map[string]*chain, 2+2*len(rs.Groups)+2*len(rs.Policies)),
 	}
+	groupFams := make(map[string][2]bool, len(rs.Groups))
 
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
 		for _, v6 := range []bool{false, true} {
@@ -196,12 +249,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 			if v6 {
 				typ = "ipv6_addr : verdict"
 			}
-			elems := map[string]string{}
-			for ip, grp := range rs.Dispatch[dir] {
-				if ip.Is6() == v6 {
-					elems[ip.String()] = "jump " + familyChain(grp, v6)
-				}
-			}
+			elems := dispatchElements(rs.Dispatch[dir], v6, groupFams)
 			m := newSet(typ, fmt.Sprintf("local pods isolated for %s -> the group judging them", dir), elems)
 			m.isMap = true
 			r.Sets[dispatchMap(dir, v6)] = m
@@ -222,24 +270,6 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	}
 
 	rd.renderTiers(rs, r)
-	for name, g := range rs.Groups {
-		rg, ok := rd.prev.groups[name]
-		if !ok || !slices.Equal(rg.policies, g.Policies) {
-			rg = renderedGroup{policies: g.Policies}
-			for fam, v6 := range []bool{false, true} {
-				specs := make([]ruleSpec, 0, len(g.Policies)+1)
-				for _, p := range g.Policies {
-					specs = append(specs, ruleSpec{jump: familyChain(p, v6)})
-				}
-				if rd.log != nil {
-					specs = append(specs, logSpec(rd.log, policy.GroupDropID(name)))
-				}
-				rg.chains[fam] = specChain(append(specs, ruleSpec{drop: true, counter: rd.counters}))
-			}
-		}
-		rd.cur.groups[name] = rg
-		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = rg.chains[0], rg.chains[1]
-	}
 	for name, p := range rs.Policies {
 		pair, ok := rd.prev.policies[p]
 		if !ok {
@@ -247,6 +277,17 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		}
 		rd.cur.policies[p] = pair
 		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = pair[0], pair[1]
+	}
+	// An isolated pod that no rule admits is dropped at the end of its group, after the
+	// drop is logged (--log-drops) under the group's ID, which is why each group then has an
+	// end of its own.
+	isolationDrop := []ruleSpec{{drop: true, counter: rd.counters}}
+	for name, g := range rs.Groups {
+		final := isolationDrop
+		if rd.log != nil {
+			final = []ruleSpec{logSpec(rd.log, policy.GroupDropID(name)), isolationDrop[0]}
+		}
+		rd.cur.groups[name] = renderGroup(r, rd.prev.groups[name], name, g.Policies, groupFams[name], final)
 	}
 
 	for name, as := range rs.AddrSets {

@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"fmt"
-	"slices"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -67,7 +66,20 @@ func stages(dir policy.Direction) []string {
 
 // renderTiers adds the tiers' maps and chains to r.
 func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
+	// The policy chains first: a group jumps only to those with rules of its family.
+	for name, p := range rs.ClusterPolicies {
+		cc, ok := rd.prev.clusterPolicies[p]
+		if !ok {
+			cc = clusterPolicyChains(name, p, rd.log, rd.counters)
+		}
+		rd.cur.clusterPolicies[p] = cc
+		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = cc.chains[0], cc.chains[1]
+		for dc, c := range cc.drops {
+			r.Chains[dc] = c
+		}
+	}
 	for _, tier := range tiers {
+		groupFams := map[string][2]bool{}
 		t := rs.Tier(tier)
 		for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
 			for _, v6 := range []bool{false, true} {
@@ -75,31 +87,14 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 				if v6 {
 					typ = "ipv6_addr : verdict"
 				}
-				elems := map[string]string{}
-				for ip, grp := range t.Dispatch[dir] {
-					if ip.Is6() == v6 {
-						elems[ip.String()] = "jump " + familyChain(grp, v6)
-					}
-				}
+				elems := dispatchElements(t.Dispatch[dir], v6, groupFams)
 				m := newSet(typ, fmt.Sprintf("local pods subject to %s ClusterNetworkPolicy for %s -> the group judging them", tier, dir), elems)
 				m.isMap = true
 				r.Sets[tierMap(tier, dir, v6)] = m
 			}
 		}
 		for name, g := range t.Groups {
-			rg, ok := rd.prev.tierGroups[name]
-			if !ok || !slices.Equal(rg.policies, g.Policies) {
-				rg = renderedGroup{policies: g.Policies}
-				for fam, v6 := range []bool{false, true} {
-					specs := make([]ruleSpec, 0, len(g.Policies))
-					for _, p := range g.Policies {
-						specs = append(specs, ruleSpec{jump: familyChain(p, v6)})
-					}
-					rg.chains[fam] = specChain(specs)
-				}
-			}
-			rd.cur.tierGroups[name] = rg
-			r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = rg.chains[0], rg.chains[1]
+			rd.cur.tierGroups[name] = renderGroup(r, rd.prev.tierGroups[name], name, g.Policies, groupFams[name], nil)
 		}
 	}
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
@@ -112,17 +107,6 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 			}
 			r.Chains[passChain(dir, v6)] = &chain{comment: "after an admin Pass: NetworkPolicy, then the baseline tier",
 				rules: append(rules, "accept")}
-		}
-	}
-	for name, p := range rs.ClusterPolicies {
-		cc, ok := rd.prev.clusterPolicies[p]
-		if !ok {
-			cc = clusterPolicyChains(name, p, rd.log, rd.counters)
-		}
-		rd.cur.clusterPolicies[p] = cc
-		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = cc.chains[0], cc.chains[1]
-		for dc, c := range cc.drops {
-			r.Chains[dc] = c
 		}
 	}
 }

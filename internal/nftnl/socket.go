@@ -42,7 +42,7 @@ func openSocket() (*socket, error) {
 	if err != nil {
 		return nil, os.NewSyscallError("socket", err)
 	}
-	s := &socket{fd: fd, buf: make([]byte, 1<<16)}
+	s := &socket{fd: fd, buf: make([]byte, 1<<17)}
 	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		s.close()
 		return nil, os.NewSyscallError("bind", err)
@@ -62,6 +62,10 @@ func openSocket() (*socket, error) {
 	}
 	// Errors carry the kernel's explanation when it has one; older kernels refuse the option.
 	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
+	// An error then carries the failed request's header rather than the whole request, which
+	// for a batch of set elements can exceed any buffer: every reply but a dump's is small,
+	// and a dump's datagrams are sized by the buffer we receive into.
+	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
 	return s, nil
 }
 
@@ -131,6 +135,10 @@ func (s *socket) send(req []netlink.Message) error {
 	}
 	out := make([]byte, 0, size)
 	for _, m := range req {
+		// google/nftables asks the kernel to echo every rule it adds, a full copy of the rule
+		// that the kernel builds and queues and that Flush reads and discards (it hands no
+		// rule handles back). The acknowledgement alone says the same.
+		m.Header.Flags &^= unix.NLM_F_ECHO
 		b, err := m.MarshalBinary()
 		if err != nil {
 			return fmt.Errorf("nfnetlink: encoding message: %w", err)
@@ -153,9 +161,10 @@ func (s *socket) receive() ([]netlink.Message, error) {
 	var n int
 	for {
 		var err error
-		// MSG_TRUNC makes the kernel report the datagram's full length, so a reply larger
-		// than the buffer is retried with a larger one rather than silently cut.
-		n, _, err = unix.Recvfrom(s.fd, s.buf, unix.MSG_PEEK|unix.MSG_TRUNC)
+		// One read per datagram (a batch of N messages has N acknowledgements). MSG_TRUNC
+		// makes the kernel report the datagram's full length, so one larger than the buffer
+		// fails loudly rather than being silently cut; with NETLINK_CAP_ACK none is.
+		n, _, err = unix.Recvfrom(s.fd, s.buf, unix.MSG_TRUNC)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -167,13 +176,7 @@ func (s *socket) receive() ([]netlink.Message, error) {
 		}
 		if n > len(s.buf) {
 			s.buf = make([]byte, n)
-		}
-		n, _, err = unix.Recvfrom(s.fd, s.buf, 0)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return nil, os.NewSyscallError("recvmsg", err)
+			return nil, fmt.Errorf("nfnetlink: a reply of %d bytes did not fit the receive buffer", n)
 		}
 		break
 	}

@@ -99,8 +99,8 @@ func (cc *Compiler) compileClusterPolicies(st *cluster.State, rs *Ruleset, stats
 		}
 		t := rs.Tier(tier)
 		for dir, byPod := range selecting {
-			cc.dispatch(t.Dispatch[dir], t.Groups, byPod, func(chains []string) (string, Group) {
-				return tierGroupName(tier, dir, chains), Group{Direction: dir, Policies: chains}
+			cc.dispatch(cc.groupNamer(string(tier), dir), t.Dispatch[dir], t.Groups, dir, byPod, func(chains []string) string {
+				return tierGroupName(tier, dir, chains)
 			})
 		}
 	}

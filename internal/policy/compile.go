@@ -29,8 +29,9 @@ type Stats struct {
 	ClusterPoliciesSelecting int // ClusterNetworkPolicies that select at least one local pod
 }
 
-// Compiler compiles successive snapshots for one node. It is level-triggered: the result
-// depends only on the snapshot. Between compiles it remembers what it derived from each
+// Compiler compiles successive snapshots for one node. It is level-triggered: what the result
+// judges depends only on the snapshot (only the names of dispatch groups remember earlier
+// compiles, see groupNamer). Between compiles it remembers what it derived from each
 // object, found by pointer (snapshots share unchanged objects), so a change to one pod costs
 // work proportional to the sets that pod can affect, not to the size of the cluster.
 type Compiler struct {
@@ -61,6 +62,8 @@ type Compiler struct {
 	// localGen counts changes to the local pods or to namespace labels, which invalidate the
 	// cached subjects of ClusterNetworkPolicies. It starts at 1: 0 marks no cached subject.
 	localGen uint64
+
+	groupNames map[string]*groupNamer // per dispatch map, see groupNamer
 }
 
 // NewCompiler returns a Compiler for node.
@@ -81,6 +84,8 @@ func NewCompiler(node string) *Compiler {
 		namedSets: map[string]*namedSetState{},
 		cidrSets:  map[string]*CIDRSet{},
 		localGen:  1,
+
+		groupNames: map[string]*groupNamer{},
 	}
 }
 
@@ -232,9 +237,11 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 	stats.IsolatedPods = len(isolated)
 
 	for dir, byPod := range selecting {
-		cc.dispatch(rs.Dispatch[dir], rs.Groups, byPod, func(chains []string) (string, Group) {
+		for _, chains := range byPod {
 			sort.Strings(chains)
-			return groupName(dir, chains), Group{Direction: dir, Policies: chains}
+		}
+		cc.dispatch(cc.groupNamer("np", dir), rs.Dispatch[dir], rs.Groups, dir, byPod, func(chains []string) string {
+			return groupName(dir, chains)
 		})
 	}
 	cc.compileClusterPolicies(st, rs, &stats, addrDefs, namedDefs)
@@ -242,10 +249,14 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 	return rs, stats
 }
 
-// dispatch maps the IPs of each local pod in byPod (pod key -> the chains judging it) to the
-// group of those chains, which group names and defines.
-func (cc *Compiler) dispatch(into map[netip.Addr]string, groups map[string]Group, byPod map[string][]string,
-	group func(chains []string) (string, Group)) {
+// dispatch maps the IPs of each local pod in byPod (pod key -> the chains judging it, in
+// judging order) to the group of those chains, which it names (see groupNamer) and defines.
+func (cc *Compiler) dispatch(namer *groupNamer, into map[netip.Addr]string, groups map[string]Group, dir Direction,
+	byPod map[string][]string, fresh func(chains []string) string) {
+	ofPod, chainsOf := namer.assign(byPod, fresh)
+	for name, chains := range chainsOf {
+		groups[name] = Group{Direction: dir, Policies: chains}
+	}
 	owner := make(map[netip.Addr]bool, len(byPod))
 	pods := make([]string, 0, len(byPod))
 	for pk := range byPod {
@@ -253,10 +264,6 @@ func (cc *Compiler) dispatch(into map[netip.Addr]string, groups map[string]Group
 	}
 	sort.Strings(pods)
 	for _, pk := range pods {
-		name, g := group(byPod[pk])
-		if _, ok := groups[name]; !ok {
-			groups[name] = g
-		}
 		for _, ip := range cc.local[pk].ips {
 			// Two live pods claiming one IP is a transient state (IP reuse); the pod
 			// key order makes the winner deterministic until the stale pod goes away.
@@ -264,9 +271,20 @@ func (cc *Compiler) dispatch(into map[netip.Addr]string, groups map[string]Group
 				continue
 			}
 			owner[ip] = true
-			into[ip] = name
+			into[ip] = ofPod[pk]
 		}
 	}
+}
+
+// groupNamer returns the namer of one dispatch map: "np" or a tier, and a direction.
+func (cc *Compiler) groupNamer(of string, dir Direction) *groupNamer {
+	key := of + "/" + string(dir)
+	gn := cc.groupNames[key]
+	if gn == nil {
+		gn = &groupNamer{}
+		cc.groupNames[key] = gn
+	}
+	return gn
 }
 
 // diffPods brings the compiler's pod view up to st and returns what changed.

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -188,7 +189,34 @@ func content(rs *policy.Ruleset) *policy.Ruleset {
 	for k, v := range rs.NamedPortSets {
 		out.NamedPortSets[k] = &policy.NamedPortSet{Entries: v.Entries}
 	}
+	out.Dispatch, out.Groups = canonicalGroups(rs.Dispatch, rs.Groups)
+	out.Admin.Dispatch, out.Admin.Groups = canonicalGroups(rs.Admin.Dispatch, rs.Admin.Groups)
+	out.Baseline.Dispatch, out.Baseline.Groups = canonicalGroups(rs.Baseline.Dispatch, rs.Baseline.Groups)
 	return &out
+}
+
+// canonicalGroups names each group by its chains: an incremental compile keeps the names of
+// groups whose chains changed (to spare the kernel work), a fresh one names them by content.
+func canonicalGroups(dispatch map[policy.Direction]map[netip.Addr]string, groups map[string]policy.Group) (map[policy.Direction]map[netip.Addr]string, map[string]policy.Group) {
+	canon := func(name string) string {
+		g, ok := groups[name]
+		if !ok {
+			return "missing group " + name
+		}
+		return string(g.Direction) + ":" + strings.Join(g.Policies, ",")
+	}
+	outDispatch := map[policy.Direction]map[netip.Addr]string{}
+	for dir, m := range dispatch {
+		outDispatch[dir] = map[netip.Addr]string{}
+		for ip, name := range m {
+			outDispatch[dir][ip] = canon(name)
+		}
+	}
+	outGroups := map[string]policy.Group{}
+	for name, g := range groups {
+		outGroups[canon(name)] = g
+	}
+	return outDispatch, outGroups
 }
 
 func describeDiff(a, b *policy.Ruleset) string {

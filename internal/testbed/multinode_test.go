@@ -200,10 +200,10 @@ func TestRemoteNodeReachability(t *testing.T) {
 			var probes []Probe
 			for _, fam := range []int{4, 6} {
 				probes = append(probes,
-					Probe{a, n.UnderlayIP(fam), 80, TCP},
-					Probe{r1, b.LocalNode().UnderlayIP(fam), 80, UDP},
-					Probe{r1, b.LocalNode().UnderlayIP(fam), 81, SCTP},
-					Probe{nil, n.UnderlayIP(fam), 81, TCP},
+					Probe{Src: a, Dst: n.UnderlayIP(fam), Port: 80, Protocol: TCP},
+					Probe{Src: r1, Dst: b.LocalNode().UnderlayIP(fam), Port: 80, Protocol: UDP},
+					Probe{Src: r1, Dst: b.LocalNode().UnderlayIP(fam), Port: 81, Protocol: SCTP},
+					Probe{Src: nil, Dst: n.UnderlayIP(fam), Port: 81, Protocol: TCP},
 				)
 			}
 			for i, err := range b.ProbeAllResults(context.Background(), probes) {
@@ -392,7 +392,7 @@ func TestMultiNodeClose(t *testing.T) {
 			if again.IPv4 != pb.IPv4 {
 				t.Errorf("re-added pod got %v, want the freed %v", again.IPv4, pb.IPv4)
 			}
-			if !b.Probe(context.Background(), Probe{b.Pod("x", "a"), again.IPv6, 80, TCP}) {
+			if !b.Probe(context.Background(), Probe{Src: b.Pod("x", "a"), Dst: again.IPv6, Port: 80, Protocol: TCP}) {
 				t.Error("re-added remote pod unreachable")
 			}
 
@@ -408,7 +408,7 @@ func TestMultiNodeClose(t *testing.T) {
 			if _, err := n1.AddPod("y", "late"); err == nil {
 				t.Error("Node.AddPod after Close succeeded")
 			}
-			if n1.Probe(context.Background(), Probe{nil, again.IPv4, 80, TCP}) {
+			if n1.Probe(context.Background(), Probe{Src: nil, Dst: again.IPv4, Port: 80, Protocol: TCP}) {
 				t.Error("probe after Close succeeded")
 			}
 		})
@@ -467,7 +467,7 @@ func TestAddNodeConfig(t *testing.T) {
 		}
 		a := b.Pod("x", "a")
 		for i, err := range b.ProbeAllResults(context.Background(), []Probe{
-			{a, p.IPv4, 80, TCP}, {p, a.IPv6, 81, UDP}, {p, n.NodeIP(4), 80, SCTP}, {p, b.NodeIP(6), 80, TCP},
+			{Src: a, Dst: p.IPv4, Port: 80, Protocol: TCP}, {Src: p, Dst: a.IPv6, Port: 81, Protocol: UDP}, {Src: p, Dst: n.NodeIP(4), Port: 80, Protocol: SCTP}, {Src: p, Dst: b.NodeIP(6), Port: 80, Protocol: TCP},
 		}) {
 			if err != nil {
 				t.Errorf("probe %d: %v", i, err)
@@ -539,7 +539,7 @@ func TestAddNodePartialFailure(t *testing.T) {
 		}
 	}
 	a, bp := b.Pod("x", "a"), n1.Pod("y", "b")
-	if !b.Probe(context.Background(), Probe{a, bp.IPv4, 80, TCP}) || !b.Probe(context.Background(), Probe{bp, a.IPv6, 81, UDP}) {
+	if !b.Probe(context.Background(), Probe{Src: a, Dst: bp.IPv4, Port: 80, Protocol: TCP}) || !b.Probe(context.Background(), Probe{Src: bp, Dst: a.IPv6, Port: 81, Protocol: UDP}) {
 		t.Error("pods unreachable after failed AddNodes")
 	}
 }

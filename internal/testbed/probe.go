@@ -38,6 +38,9 @@ type Probe struct {
 	Dst      netip.Addr
 	Port     uint16
 	Protocol Protocol
+	// Timeout bounds this probe instead of the bed's Timeout when set: a last try of a probe
+	// expected to pass can wait longer on a loaded machine.
+	Timeout time.Duration
 }
 
 func (p Probe) String() string {
@@ -73,6 +76,9 @@ func (b *Bed) ProbeResult(ctx context.Context, p Probe) (bool, error) {
 // probe runs p; a nil p.Src means node n.
 func (b *Bed) probe(ctx context.Context, n *Node, p Probe) (bool, error) {
 	timeout := b.Timeout
+	if p.Timeout > 0 {
+		timeout = p.Timeout
+	}
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}

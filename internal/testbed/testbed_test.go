@@ -371,25 +371,25 @@ func TestProbeNegativeControls(t *testing.T) {
 				probe Probe
 				want  bool
 			}{
-				{Probe{a, p.IPv4, 8080, TCP}, true},
-				{Probe{a, p.IPv6, 53, UDP}, true},
-				{Probe{a, p.IPv4, 9000, SCTP}, true},
-				{Probe{nil, p.IPv6, 9000, SCTP}, true},
-				{Probe{a, b.NodeIP(6), 8080, TCP}, true},
-				{Probe{a, a.IPv4, 8080, TCP}, true}, // pod to itself
-				{Probe{a, a.IPv6, 9000, SCTP}, true},
-				{Probe{a, p.IPv4, 80, TCP}, false}, // no server: RST
-				{Probe{a, p.IPv6, 80, TCP}, false},
-				{Probe{a, p.IPv4, 54, UDP}, false}, // no server: ICMP port unreachable
-				{Probe{nil, p.IPv6, 54, UDP}, false},
-				{Probe{a, p.IPv4, 9001, SCTP}, false}, // not an SCTP port of the bed
-				{Probe{a, b.NodeIP(4), 9001, SCTP}, false},
-				{Probe{a, p.IPv4, 8080, SCTP}, false},
-				{Probe{a, unused4, 8080, TCP}, false}, // nobody there
-				{Probe{a, unused6, 53, UDP}, false},
-				{Probe{a, unused4, 9000, SCTP}, false},
-				{Probe{nil, unused6, 9000, SCTP}, false},
-				{Probe{a, p.IPv4, 8080, "ICMP"}, false},
+				{Probe{Src: a, Dst: p.IPv4, Port: 8080, Protocol: TCP}, true},
+				{Probe{Src: a, Dst: p.IPv6, Port: 53, Protocol: UDP}, true},
+				{Probe{Src: a, Dst: p.IPv4, Port: 9000, Protocol: SCTP}, true},
+				{Probe{Src: nil, Dst: p.IPv6, Port: 9000, Protocol: SCTP}, true},
+				{Probe{Src: a, Dst: b.NodeIP(6), Port: 8080, Protocol: TCP}, true},
+				{Probe{Src: a, Dst: a.IPv4, Port: 8080, Protocol: TCP}, true}, // pod to itself
+				{Probe{Src: a, Dst: a.IPv6, Port: 9000, Protocol: SCTP}, true},
+				{Probe{Src: a, Dst: p.IPv4, Port: 80, Protocol: TCP}, false}, // no server: RST
+				{Probe{Src: a, Dst: p.IPv6, Port: 80, Protocol: TCP}, false},
+				{Probe{Src: a, Dst: p.IPv4, Port: 54, Protocol: UDP}, false}, // no server: ICMP port unreachable
+				{Probe{Src: nil, Dst: p.IPv6, Port: 54, Protocol: UDP}, false},
+				{Probe{Src: a, Dst: p.IPv4, Port: 9001, Protocol: SCTP}, false}, // not an SCTP port of the bed
+				{Probe{Src: a, Dst: b.NodeIP(4), Port: 9001, Protocol: SCTP}, false},
+				{Probe{Src: a, Dst: p.IPv4, Port: 8080, Protocol: SCTP}, false},
+				{Probe{Src: a, Dst: unused4, Port: 8080, Protocol: TCP}, false}, // nobody there
+				{Probe{Src: a, Dst: unused6, Port: 53, Protocol: UDP}, false},
+				{Probe{Src: a, Dst: unused4, Port: 9000, Protocol: SCTP}, false},
+				{Probe{Src: nil, Dst: unused6, Port: 9000, Protocol: SCTP}, false},
+				{Probe{Src: a, Dst: p.IPv4, Port: 8080, Protocol: "ICMP"}, false},
 			}
 			probes := make([]Probe, len(cases))
 			for i, c := range cases {
@@ -410,7 +410,7 @@ func TestProbeNegativeControls(t *testing.T) {
 			// A cancelled context fails fast.
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
-			if b.Probe(ctx, Probe{a, p.IPv4, 8080, TCP}) {
+			if b.Probe(ctx, Probe{Src: a, Dst: p.IPv4, Port: 8080, Protocol: TCP}) {
 				t.Error("probe with cancelled context succeeded")
 			}
 		})

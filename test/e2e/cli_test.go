@@ -37,6 +37,7 @@ func TestCommands(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		blocked := func() bool { return !tcpProbe(w, "x/b", "x/a", 80) }
+		open := func() bool { return tcpOpen(w, "x/b", "x/a", 80) }
 		state := []string{"--manifests", w.sim.Dir, "--node-name", w.sim.NodeName}
 
 		out, err := w.sim.RunAgent(ctx, append([]string{"render"}, state...)...)
@@ -50,7 +51,7 @@ func TestCommands(t *testing.T) {
 		if left := ourObjects(ctx, t, w.sim.Bed); len(left) > 0 {
 			t.Fatalf("render touched the kernel: %v", left)
 		}
-		if blocked() {
+		if !open() {
 			t.Fatal("traffic blocked before any agent ran")
 		}
 
@@ -67,7 +68,7 @@ func TestCommands(t *testing.T) {
 		if err != nil {
 			t.Fatalf("agent --network-policy=false: %v\n%s", err, out)
 		}
-		if blocked() {
+		if !open() {
 			t.Fatal("--network-policy=false left the policy enforced")
 		}
 		if out, err := w.sim.RunAgent(ctx, append([]string{"agent", "--once", "--health-addr", ""}, state...)...); err != nil || !blocked() {
@@ -81,7 +82,7 @@ func TestCommands(t *testing.T) {
 		if left := ourObjects(ctx, t, w.sim.Bed); len(left) > 0 {
 			t.Fatalf("cleanup left:\n%s", strings.Join(left, "\n"))
 		}
-		if blocked() {
+		if !open() {
 			t.Fatal("traffic still blocked after cleanup")
 		}
 		if out, err := w.sim.RunAgent(ctx, "cleanup"); err != nil {

@@ -430,7 +430,7 @@ func (w *cnpWorld) check(t *testing.T, step string, cases []cnpCase) cnpResult {
 	}
 	errs := w.sim.Bed.ProbeAllResults(context.Background(), probes)
 	// An allowed probe that timed out is probed again, twice in a batch and then once more on
-	// its own: on a loaded machine a probe of a batch can be starved past its timeout. A
+	// its own with a longer timeout: on a loaded machine a probe of a batch can be starved past its timeout. A
 	// denied probe is never retried, so no lost packet can make a blocked flow pass.
 	for attempt := 0; attempt < 3; attempt++ {
 		var again []int
@@ -451,6 +451,7 @@ func (w *cnpWorld) check(t *testing.T, step string, cases []cnpCase) cnpResult {
 			res = w.sim.Bed.ProbeAllResults(context.Background(), retry)
 		} else {
 			for _, p := range retry {
+				p.Timeout = lastTryTimeout
 				res = append(res, w.sim.Bed.ProbeAllResults(context.Background(), []testbed.Probe{p})[0])
 			}
 		}

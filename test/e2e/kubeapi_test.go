@@ -77,7 +77,13 @@ func TestAgentWithKubeAPI(t *testing.T) {
 			}
 			probe := func(src string, want bool) {
 				t.Helper()
-				if got := tcpProbe(w, src, "x/a", 80); got != want && tcpProbe(w, src, "x/a", 80) != want {
+				// An allowed flow gets more tries (a loaded machine loses packets); a denied
+				// flow that opens fails at once.
+				got := tcpProbe(w, src, "x/a", 80)
+				if want && !got {
+					got = tcpOpen(w, src, "x/a", 80)
+				}
+				if got != want {
 					t.Fatalf("%s: %s -> x/a: got %v, want %v", step, src, got, want)
 				}
 			}
@@ -112,7 +118,7 @@ func TestAgentWithKubeAPI(t *testing.T) {
 		for range 10 {
 			// An allowed probe may time out on a loaded machine; it gets two more tries. A
 			// denied probe that passes fails at once.
-			allowed := tcpProbe(w, "x/c", "x/a", 80) || tcpProbe(w, "x/c", "x/a", 80) || tcpProbe(w, "x/c", "x/a", 80)
+			allowed := tcpOpen(w, "x/c", "x/a", 80)
 			if tcpProbe(w, "x/b", "x/a", 80) || !allowed {
 				t.Fatal("enforcement changed while the API server was down")
 			}

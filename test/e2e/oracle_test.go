@@ -498,6 +498,9 @@ func (w *world) check(t *testing.T, step string) {
 		retry := make([]testbed.Probe, len(again))
 		for j, i := range again {
 			retry[j] = probes[i]
+			if attempt == 1 {
+				retry[j].Timeout = lastTryTimeout
+			}
 		}
 		res := w.sim.Bed.ProbeAll(context.Background(), retry)
 		for j, i := range again {
