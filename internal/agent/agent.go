@@ -43,6 +43,12 @@ type Config struct {
 	CompactDelay time.Duration
 	HealthAddr   string
 	Logger       *slog.Logger
+	// DropLog, when set, logs the packets policy drops (see dataplane.DropLog): the backend
+	// adds the log rules and the agent reads the group, one line per denied attempt.
+	DropLog *dataplane.DropLog
+	// PolicyCounters, when set, counts the packets each policy's rules decide and exports
+	// them as netwarden_policy_packets_total (backends that implement dataplane.PolicyCounters).
+	PolicyCounters bool
 }
 
 // Agent keeps the kernel in step with the cluster.
@@ -61,6 +67,9 @@ type Agent struct {
 	// inSync: the kernel holds the Ruleset the compiler made last (policy loop only).
 	inSync  bool
 	skipped skipReport
+	drops   *dropLog // nil without DropLog, and until Run opens it
+	// applied is the Ruleset the kernel holds, for what reads the kernel's counters and logs.
+	applied atomic.Pointer[policy.Ruleset]
 }
 
 // New returns an Agent; call Run or Once.
@@ -83,6 +92,13 @@ func New(cfg Config) *Agent {
 	}
 	if cfg.Masquerade != nil {
 		a.masq = newMasqLoop(a, cfg.Masquerade)
+	}
+	if dl, ok := cfg.Policy.(dataplane.DropLogger); ok && cfg.DropLog != nil {
+		dl.SetDropLog(cfg.DropLog)
+	}
+	if pc, ok := cfg.Policy.(dataplane.PolicyCounters); ok && cfg.PolicyCounters {
+		pc.SetPolicyCounters(true)
+		a.metrics.registry.MustRegister(newPolicyCounterCollector(a, pc))
 	}
 	return a
 }
@@ -172,6 +188,7 @@ func (a *Agent) Once(ctx context.Context) error {
 	a.log.Info("synced", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
 		"clusterPolicies", stats.ClusterPoliciesSelecting)
+	a.applied.Store(rs)
 	if err := a.cfg.Policy.Verify(ctx); err != nil {
 		return fmt.Errorf("kernel does not hold the desired state after sync: %w", err)
 	}
@@ -204,6 +221,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Policy != nil {
 		a.metrics.backendInfo.WithLabelValues("network-policy", a.cfg.Policy.Name()).Set(1)
 		a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()) // exported as 0 from the start
+	}
+	if a.cfg.DropLog != nil && a.cfg.Policy != nil {
+		// Before the first sync, so that no logged drop goes unread and a group another
+		// process holds stops the agent with a clear error.
+		d, err := openDropLog(a, a.cfg.DropLog)
+		if err != nil {
+			return fmt.Errorf("--log-drops: %w", err)
+		}
+		a.drops = d
+		go d.run(ctx)
+		a.log.Info("logging drops", "nflogGroup", a.cfg.DropLog.Group, "rate", a.cfg.DropLog.Rate, "burst", a.cfg.DropLog.Burst)
 	}
 	srcErr := a.startSource(ctx)
 	if err := a.waitSynced(ctx, srcErr); err != nil {
@@ -351,6 +379,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 		return err
 	}
 	a.inSync = true
+	a.applied.Store(rs)
 	a.metrics.observeSync(a.cfg.Policy.Name(), res, stats, time.Since(start).Seconds())
 	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
 	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })

@@ -27,6 +27,9 @@ type metrics struct {
 	// in the kernel come from (see Status).
 	appliedGeneration *prometheus.GaugeVec
 	policiesSkipped   prometheus.Gauge
+	// droppedPackets and dropLogLost are registered only with drop logging on.
+	droppedPackets *prometheus.CounterVec
+	dropLogLost    prometheus.Counter
 }
 
 // Buckets from 1 ms to about 16 s: incremental syncs take milliseconds, a full sync of a large
@@ -92,8 +95,18 @@ func newMetrics() *metrics {
 	m.registry.MustRegister(m.appliedGeneration, m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
 		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied, m.clusterPolicies, m.policiesSkipped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.droppedPackets = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "netwarden_dropped_packets_total",
+		Help: "Packets of new connections that policy dropped and the kernel logged (--log-drops; within its rate limit), by direction, namespace of the NetworkPolicies (empty for a ClusterNetworkPolicy) and policy.",
+	}, []string{"direction", "namespace", "policy"})
+	m.dropLogLost = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "netwarden_drop_log_lost_total",
+		Help: "Times the drop log socket overflowed and the kernel discarded logged drops before the agent read them.",
+	})
 	return m
 }
+
+func (m *metrics) registerDropLog() { m.registry.MustRegister(m.droppedPackets, m.dropLogLost) }
 
 func (m *metrics) observeSync(backend string, res dataplane.SyncResult, stats policy.Stats, seconds float64) {
 	kind := "partial"

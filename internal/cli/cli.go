@@ -21,6 +21,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/source/kubeapi"
 	"github.com/netwarden/netwarden/internal/source/manifests"
@@ -169,6 +170,7 @@ func agentCmd() *cobra.Command {
 	var once bool
 	var healthAddr string
 	var resync, compactDelay time.Duration
+	var df dropFlags
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Watch the cluster and keep this node's kernel enforcing it",
@@ -190,11 +192,20 @@ func agentCmd() *cobra.Command {
 				return fmt.Errorf("--compact-delay must be positive, got %v", compactDelay)
 			}
 			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, CompactDelay: compactDelay, HealthAddr: healthAddr, Logger: log}
+			if cfg.DropLog, err = df.config(f.networkPolicy); err != nil {
+				return err
+			}
 			if f.networkPolicy {
 				if cfg.Policy, err = policyBackend(cmd.Context(), f.backend); err != nil {
 					return err
 				}
 				log.Info("backend selected", "backend", cfg.Policy.Name(), "requested", f.backend)
+				if df.counters {
+					if _, ok := cfg.Policy.(dataplane.PolicyCounters); !ok {
+						return fmt.Errorf("--policy-counters: the %s backend has no per-policy counters (nftables has)", cfg.Policy.Name())
+					}
+					cfg.PolicyCounters = true
+				}
 				cfg.RetireOtherPolicyBackends = retireOtherPolicyBackends(cfg.Policy)
 			} else if err := cleanupPolicy(cmd.Context()); err != nil {
 				// Turning the feature off must not leave old rules enforcing.
@@ -219,6 +230,7 @@ func agentCmd() *cobra.Command {
 	}
 	f.register(cmd)
 	mf.register(cmd)
+	df.register(cmd)
 	cmd.Flags().BoolVar(&once, "once", false, "sync once; exit 0 when the kernel holds the desired state, non-zero otherwise")
 	cmd.Flags().StringVar(&healthAddr, "health-addr", "127.0.0.1:9491", "serve /healthz, /readyz, /status (what the kernel holds, as JSON) and /metrics on HOST:PORT or unix:PATH (empty disables)")
 	cmd.Flags().DurationVar(&resync, "resync-period", 30*time.Second, "how often to check the kernel for drift and repair it")

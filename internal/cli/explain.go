@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/netip"
@@ -11,18 +12,25 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
 func explainCmd() *cobra.Command {
 	var f stateFlags
 	var from, to, port string
+	var kernel bool
 	cmd := &cobra.Command{
 		Use:   "explain --from NS/POD|IP --to NS/POD|IP --port PORT/PROTO",
 		Short: "Explain the NetworkPolicy verdict of a connection: each direction, and the objects that decide it",
 		Long: `Explain judges a connection with the same policy model the agent programs into the kernel:
 egress at the source pod's node, ingress at the destination pod's node. For each IP family both
-ends have, it prints each direction's verdict and the policies that decide it.`,
+ends have, it prints each direction's verdict and the policies that decide it.
+
+With --kernel it also checks this node's kernel (the nftables table the agent keeps) for what
+each verdict judged here depends on: the pod's entries in the dispatch maps of each stage and
+the peer's membership in every pod set the deciding policies name. A mismatch is printed as
+KERNEL MISMATCH and makes explain exit non-zero.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := f.logger(os.Stderr)
@@ -48,14 +56,23 @@ ends have, it prints each direction's verdict and the policies that decide it.`,
 			if err != nil {
 				return err
 			}
-			return explain(cmd.OutOrStdout(), st, src, dst, proto, portNum)
+			var kc *kernelCheck
+			if kernel {
+				node, err := f.resolveNodeName()
+				if err != nil {
+					return err
+				}
+				kc = &kernelCheck{ctx: cmd.Context(), node: node}
+			}
+			return explainWith(cmd.OutOrStdout(), st, src, dst, proto, portNum, kc)
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", "", "the connecting side: NAMESPACE/POD or an IP address")
 	cmd.Flags().StringVar(&to, "to", "", "the accepting side: NAMESPACE/POD or an IP address")
 	cmd.Flags().StringVar(&port, "port", "", "destination port and protocol, e.g. 80/tcp (tcp, udp or sctp)")
 	fs := cmd.Flags()
-	fs.StringVar(&f.nodeName, "node-name", "", "unused by explain: each direction is judged at its pod's node")
+	fs.StringVar(&f.nodeName, "node-name", "", "this node's name, for --kernel (default $NODE_NAME, then the hostname); each direction is judged at its pod's node")
+	fs.BoolVar(&kernel, "kernel", false, "also check this node's kernel for the dispatch map entries and peer set memberships the verdicts judged here depend on (nftables backend)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for the Kubernetes API; in-cluster config when empty and KUBERNETES_SERVICE_HOST is set")
 	fs.StringVar(&f.manifests, "manifests", "", "read cluster state from the manifests in this directory instead of the API")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "log verbosity: debug, info, warn or error")
@@ -109,8 +126,20 @@ func resolveEndpoint(st *cluster.State, flag, s string) (endpoint, error) {
 	return endpoint{name: s, pod: true, node: p.Spec.NodeName, ips: ips}, nil
 }
 
+// kernelCheck is explain --kernel: the node whose kernel is at hand, and what it found wrong.
+type kernelCheck struct {
+	ctx        context.Context
+	node       string
+	mismatches int
+}
+
 // explain prints, for each family both ends have, the egress and ingress judgements.
 func explain(out io.Writer, st *cluster.State, src, dst endpoint, proto policy.Protocol, port uint16) error {
+	return explainWith(out, st, src, dst, proto, port, nil)
+}
+
+// explainWith is explain, checking the kernel with kc when it is set.
+func explainWith(out io.Writer, st *cluster.State, src, dst endpoint, proto policy.Protocol, port uint16, kc *kernelCheck) error {
 	rulesets := map[string]*policy.Ruleset{}
 	rulesetOf := func(node string) *policy.Ruleset {
 		if rs, ok := rulesets[node]; ok {
@@ -129,8 +158,8 @@ func explain(out io.Writer, st *cluster.State, src, dst endpoint, proto policy.P
 			}
 			families++
 			fmt.Fprintf(out, "%s (%s) -> %s (%s) %s:\n", src.name, sip, dst.name, dip, what)
-			egress := judgeSide(out, rulesetOf, policy.Egress, src, dst, sip, dip, proto, port, what)
-			ingress := judgeSide(out, rulesetOf, policy.Ingress, dst, src, dip, sip, proto, port, what)
+			egress := judgeSide(out, rulesetOf, policy.Egress, src, dst, sip, dip, proto, port, what, kc)
+			ingress := judgeSide(out, rulesetOf, policy.Ingress, dst, src, dip, sip, proto, port, what, kc)
 			verdict := "allowed"
 			if !egress || !ingress {
 				verdict = "denied"
@@ -141,21 +170,59 @@ func explain(out io.Writer, st *cluster.State, src, dst endpoint, proto policy.P
 	if families == 0 {
 		return fmt.Errorf("%s and %s have no address family in common", src.name, dst.name)
 	}
+	if kc != nil && kc.mismatches > 0 {
+		return fmt.Errorf("the kernel of node %s does not hold what the model says: %d mismatches (see KERNEL MISMATCH above)", kc.node, kc.mismatches)
+	}
 	return nil
 }
 
 // judgeSide prints and returns the verdict of direction dir at local (the pod whose side it is:
 // the source for egress, the destination for ingress) towards peer.
 func judgeSide(out io.Writer, rulesetOf func(node string) *policy.Ruleset, dir policy.Direction, local, peer endpoint,
-	localIP, peerIP netip.Addr, proto policy.Protocol, port uint16, what string) bool {
+	localIP, peerIP netip.Addr, proto policy.Protocol, port uint16, what string, kc *kernelCheck) bool {
 	label := fmt.Sprintf("%s:", dir)
 	if !local.pod {
 		fmt.Fprintf(out, "  %-8s allowed (%s is no pod: NetworkPolicy does not judge its %s)\n", label, local.name, dir)
 		return true
 	}
-	j := rulesetOf(local.node).Judge(dir, localIP, peerIP, proto, port)
+	rs := rulesetOf(local.node)
+	j := rs.Judge(dir, localIP, peerIP, proto, port)
 	fmt.Fprintf(out, "  %-8s %s\n", label, describe(j, local.name, peer.name, what))
+	if kc != nil {
+		kc.check(out, rs, dir, local, localIP, peerIP)
+	}
 	return j.Allowed
+}
+
+// check prints what the kernel of this node says about the facts a verdict judged here
+// depends on.
+func (kc *kernelCheck) check(out io.Writer, rs *policy.Ruleset, dir policy.Direction, local endpoint, localIP, peerIP netip.Addr) {
+	if local.node != kc.node {
+		fmt.Fprintf(out, "           kernel: not checked (%s is on node %s, this is %s)\n", local.name, local.node, kc.node)
+		return
+	}
+	exps := nftables.Expectations(rs, dir, localIP, peerIP)
+	bad, err := nftables.Check(kc.ctx, exps)
+	if err != nil {
+		kc.mismatches++
+		fmt.Fprintf(out, "           KERNEL MISMATCH: %v\n", err)
+		return
+	}
+	for _, b := range bad {
+		kc.mismatches++
+		fmt.Fprintf(out, "           KERNEL MISMATCH: %s\n", b)
+	}
+	if len(bad) == 0 {
+		fmt.Fprintf(out, "           kernel: agrees (%d facts: %s)\n", len(exps), joinExpectations(exps))
+	}
+}
+
+func joinExpectations(exps []nftables.Expectation) string {
+	s := make([]string, len(exps))
+	for i, e := range exps {
+		s[i] = e.String()
+	}
+	return strings.Join(s, "; ")
 }
 
 // describe words a judgement of the direction of local (the pod judged) towards peer, stage by

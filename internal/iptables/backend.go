@@ -109,6 +109,9 @@ func Dump(r *Rendered) string {
 	return sb.String()
 }
 
+// SetDropLog implements dataplane.DropLogger. The next sync renders every chain anew.
+func (b *Backend) SetDropLog(l *dataplane.DropLog) { b.renderer = Renderer{log: l} }
+
 // Sync implements dataplane.PolicyBackend.
 func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
 	want := b.renderer.Render(rs)

@@ -278,6 +278,8 @@ func (r *Rendered) Err() error { return r.err }
 // pointer, which lets the diff skip them without comparing members.
 type Renderer struct {
 	prev, cur renderCache
+	// log, when set, adds a rate-limited NFLOG rule before every drop the policies make.
+	log *dataplane.DropLog
 }
 
 type renderCache struct {
@@ -395,6 +397,9 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 				}
 				rules = append(rules, lines[fam]...)
 			}
+			if rd.log != nil {
+				rules = append(rules, logLine(rd.log, policy.GroupDropID(name)))
+			}
 			r.Chains[fam][chain] = append(rules, "-j DROP")
 			r.GroupPolicies[chain] = g.Policies
 		}
@@ -509,7 +514,7 @@ func (rd *Renderer) tierGroups(r *Rendered, rs *policy.Ruleset, tier policy.Tier
 				if !ok {
 					if lines, ok = rd.prev.cluster[cp]; !ok {
 						var err error
-						if lines, err = clusterPolicyLines(cp); err != nil {
+						if lines, err = clusterPolicyLines(p, cp, rd.log != nil); err != nil {
 							r.fail(err)
 							continue // not cached: the next render reports it again
 						}
@@ -529,6 +534,46 @@ func (rd *Renderer) tierGroups(r *Rendered, rs *policy.Ruleset, tier policy.Tier
 			}
 			r.Chains[fam][chain] = rules
 			r.GroupPolicies[chain] = described
+			if rd.log != nil {
+				rd.dropChains(r, fam, rs, g.Policies)
+			}
+		}
+	}
+}
+
+// logLine is the rule logging a drop whose ID is id; the drop follows it. Only packets of new
+// connections are logged, so that each denied attempt logs once, and the limit is in the
+// kernel, so that a flood is cut where it arises. The spelling is iptables-save's, which
+// Verify compares with (it leaves out a burst of 5, xt_limit's default).
+func logLine(l *dataplane.DropLog, id string) string {
+	burst := ""
+	if l.Burst != 5 {
+		burst = fmt.Sprintf(" --limit-burst %d", l.Burst)
+	}
+	return fmt.Sprintf("-m conntrack --ctstate NEW -m limit --limit %d/sec%s -j NFLOG --nflog-prefix %q --nflog-group %d",
+		l.Rate, burst, id, l.Group)
+}
+
+// dropChain names the chain that logs and drops for one ClusterNetworkPolicy Deny rule.
+func dropChain(id string) string { return ChainPrefix + "L-" + hashOf(id) }
+
+// dropChains adds, in family fam, the chains the Deny rules of policies go to with drop
+// logging on: each logs with its rule's ID, then drops.
+func (rd *Renderer) dropChains(r *Rendered, fam int, rs *policy.Ruleset, policies []string) {
+	for _, p := range policies {
+		cp, ok := rs.ClusterPolicies[p]
+		if !ok {
+			continue
+		}
+		for _, rule := range cp.Rules {
+			if rule.Action != policy.Deny {
+				continue
+			}
+			id := policy.ClusterRuleDropID(p, rule.Index)
+			chain := r.name(dropChain(id), id)
+			if _, done := r.Chains[fam][chain]; !done {
+				r.Chains[fam][chain] = []string{logLine(rd.log, id), "-j DROP"}
+			}
 		}
 	}
 }
@@ -725,9 +770,11 @@ func policyLines(p *policy.PolicyRules) [2][]string {
 
 // clusterPolicyLines expands one ClusterNetworkPolicy direction's rules, in order, like
 // policyLines; each rule's lines end in its action: Accept returns (this direction is
-// allowed), Deny drops, and Pass goes on with the NetworkPolicy stage in the Admin tier and
-// returns (allows) in the Baseline tier.
-func clusterPolicyLines(p *policy.ClusterPolicyRules) ([2][]string, error) {
+// allowed), Deny drops (or, with drop logging, goes to the rule's chain that logs and drops,
+// so a packet the rule does not match costs what it did), and Pass goes on with the
+// NetworkPolicy stage in the Admin tier and returns (allows) in the Baseline tier. chain is
+// the policy's key in the Ruleset.
+func clusterPolicyLines(chain string, p *policy.ClusterPolicyRules, logDrops bool) ([2][]string, error) {
 	var out [2][]string
 	for i, rule := range p.Rules {
 		var target string
@@ -736,6 +783,9 @@ func clusterPolicyLines(p *policy.ClusterPolicyRules) ([2][]string, error) {
 			target = "-j RETURN"
 		case policy.Deny:
 			target = "-j DROP"
+			if logDrops {
+				target = "-g " + dropChain(policy.ClusterRuleDropID(chain, rule.Index))
+			}
 		case policy.Pass:
 			target = "-j RETURN"
 			if p.Tier == policy.AdminTier {

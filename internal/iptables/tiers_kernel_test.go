@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/testbed"
 	"github.com/netwarden/netwarden/internal/xtables"
@@ -460,51 +461,66 @@ func TestKernelTiersCleanupPending(t *testing.T) {
 // and requires that the kernel holds what was rendered (Verify), the same as a full sync, and
 // nothing after cleanup.
 func TestKernelCompiledTiers(t *testing.T) {
-	for _, mode := range modes {
-		t.Run(string(mode), func(t *testing.T) {
-			inFreshNetNS(t, func() {
-				ctx := context.Background()
-				b, err := New(ctx, mode)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := b.Sync(ctx, compiledTiers(2, 10)); err != nil {
-					t.Fatalf("full sync: %v", err)
-				}
-				if err := b.Verify(ctx); err != nil {
-					t.Fatalf("verify: %v\n%s", err, ours(t, mode))
-				}
-				rs2 := compiledTiers(3, 11)
-				if res, err := b.Sync(ctx, rs2); err != nil || res.Full || res.Fallback != "" {
-					t.Fatalf("incremental sync: %+v %v", res, err)
-				}
-				if _, err := b.Compact(ctx); err != nil {
-					t.Fatal(err)
-				}
-				if err := b.Verify(ctx); err != nil {
-					t.Fatalf("verify after the change: %v", err)
-				}
-				incremental := ours(t, mode)
-				if strings.Contains(incremental, "--dport 0 ") || !strings.Contains(incremental, chainAdminEgress) {
-					t.Fatalf("the tiers are not in the kernel:\n%s", incremental)
-				}
-				fresh, err := New(ctx, mode)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := fresh.FullSync(ctx, rs2); err != nil {
-					t.Fatal(err)
-				}
-				if full := ours(t, mode); full != incremental {
-					t.Fatalf("incremental and full sync differ:\nincremental:\n%s\nfull:\n%s", incremental, full)
-				}
-				if err := fresh.Cleanup(ctx); err != nil {
-					t.Fatal(err)
-				}
-				if got := ours(t, mode); got != "" {
-					t.Fatalf("left after cleanup:\n%s", got)
-				}
-			})
-		})
+	// With drop logging too: its rules must read back from iptables-save as rendered, or
+	// Verify would repair them on every resync.
+	for _, log := range []*dataplane.DropLog{nil, {Group: 9, Rate: 10, Burst: 20}} {
+		for _, mode := range modes {
+			name := string(mode)
+			if log != nil {
+				name += "/log-drops"
+			}
+			t.Run(name, func(t *testing.T) { testCompiledTiers(t, mode, log) })
+		}
 	}
+}
+
+func testCompiledTiers(t *testing.T, mode xtables.Mode, log *dataplane.DropLog) {
+	inFreshNetNS(t, func() {
+		ctx := context.Background()
+		b, err := New(ctx, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.SetDropLog(log)
+		if _, err := b.Sync(ctx, compiledTiers(2, 10)); err != nil {
+			t.Fatalf("full sync: %v", err)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatalf("verify: %v\n%s", err, ours(t, mode))
+		}
+		rs2 := compiledTiers(3, 11)
+		if res, err := b.Sync(ctx, rs2); err != nil || res.Full || res.Fallback != "" {
+			t.Fatalf("incremental sync: %+v %v", res, err)
+		}
+		if _, err := b.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatalf("verify after the change: %v", err)
+		}
+		incremental := ours(t, mode)
+		if strings.Contains(incremental, "--dport 0 ") || !strings.Contains(incremental, chainAdminEgress) {
+			t.Fatalf("the tiers are not in the kernel:\n%s", incremental)
+		}
+		if hasLog := strings.Contains(incremental, "-j NFLOG --nflog-prefix \"nw:c-") && strings.Contains(incremental, "--nflog-prefix \"nw:g-"); hasLog != (log != nil) {
+			t.Fatalf("NFLOG rules for CNP denies and group drops: %v, want %v:\n%s", hasLog, log != nil, incremental)
+		}
+		fresh, err := New(ctx, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh.SetDropLog(log)
+		if _, err := fresh.FullSync(ctx, rs2); err != nil {
+			t.Fatal(err)
+		}
+		if full := ours(t, mode); full != incremental {
+			t.Fatalf("incremental and full sync differ:\nincremental:\n%s\nfull:\n%s", incremental, full)
+		}
+		if err := fresh.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := ours(t, mode); got != "" {
+			t.Fatalf("left after cleanup:\n%s", got)
+		}
+	})
 }

@@ -48,6 +48,11 @@ func New() (*Backend, error) {
 // tests of rendering.
 func NewWithInterface(nft knftables.Interface) *Backend { return &Backend{nft: nft} }
 
+// SetDropLog implements dataplane.DropLogger. The next sync renders every chain anew.
+func (b *Backend) SetDropLog(l *dataplane.DropLog) {
+	b.renderer = Renderer{log: l}
+}
+
 // Name implements dataplane.PolicyBackend.
 func (b *Backend) Name() string { return "nftables" }
 

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -166,14 +167,22 @@ func TestKernelFullIncrementalVerifyCleanup(t *testing.T) {
 }
 
 // TestNetlinkAndCLIProgramTheSameTable checks that an incremental sync over netlink leaves
-// exactly the table a full sync through nft writes for the same state.
+// exactly the table a full sync through nft writes for the same state, with drop logging off
+// and on (the log rules have both encodings too).
 func TestNetlinkAndCLIProgramTheSameTable(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testNetlinkAndCLI(t, nil) })
+	t.Run("log-drops+counters", func(t *testing.T) { testNetlinkAndCLI(t, &dataplane.DropLog{Group: 7, Rate: 10, Burst: 20}) })
+}
+
+func testNetlinkAndCLI(t *testing.T, log *dataplane.DropLog) {
 	inFreshNetNS(t, func() {
 		ctx := context.Background()
 		b, err := New()
 		if err != nil {
 			t.Fatal(err)
 		}
+		b.SetDropLog(log)
+		b.SetPolicyCounters(log != nil)
 		base := stateWithPods(3)
 		rs, _ := policy.Compile(base, "n1")
 		if _, err := b.FullSync(ctx, rs); err != nil {
@@ -212,7 +221,7 @@ func TestNetlinkAndCLIProgramTheSameTable(t *testing.T) {
 		p.Spec.Containers = []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}}
 		next.Pods["a/pb"] = p
 		rs2, _ := policy.Compile(next, "n1")
-		r2 := Render(rs2)
+		r2 := (&Renderer{log: log, counters: log != nil}).Render(rs2)
 		if p := diff(b.applied, r2); !p.netlinkable(r2) || len(p.newChains) == 0 {
 			t.Fatalf("expected a structural netlink plan, got %+v", p)
 		}
@@ -220,6 +229,9 @@ func TestNetlinkAndCLIProgramTheSameTable(t *testing.T) {
 			t.Fatalf("netlink sync: %+v %v (a full sync means the netlink batch failed)", res, err)
 		}
 		viaNetlink, viaNetlinkExprs := listCanonical(t), ruleExprs(t)
+		if hasLog := strings.Contains(viaNetlinkExprs, "[ log prefix nw:g-") && strings.Contains(viaNetlinkExprs, "[ counter "); hasLog != (log != nil) {
+			t.Fatalf("log expressions present: %v, want %v:\n%s", hasLog, log != nil, viaNetlinkExprs)
+		}
 		if err := b.Verify(ctx); err != nil {
 			t.Fatalf("verify after netlink sync: %v", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	gnft "github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
@@ -229,7 +230,18 @@ func (r ruleSpec) exprs() []expr.Any {
 		dport(next)
 		e = append(e, &expr.Lookup{SourceRegister: reg1, SetName: r.namedSet})
 	}
+	if r.counter {
+		e = append(e, &expr.Counter{})
+	}
 	switch {
+	case r.log != nil:
+		e = append(e,
+			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(r.log.Rate), Unit: expr.LimitTimeSecond, Burst: r.log.Burst},
+			&expr.Log{Key: 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_GROUP, Group: r.log.Group, Data: []byte(r.logPrefix)})
 	case r.jump != "":
 		e = append(e, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.jump})
 	case r.gotoTo != "":

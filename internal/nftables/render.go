@@ -133,6 +133,10 @@ var ndTypes = "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-so
 // pointer, which lets diff skip them without comparing elements.
 type Renderer struct {
 	prev, cur renderCache
+	// log, when set, adds a rate-limited NFLOG statement before every drop the policies make.
+	log *dataplane.DropLog
+	// counters adds a counter to every rule that ends a policy's judgement (see PolicyCounters).
+	counters bool
 }
 
 type renderCache struct {
@@ -143,7 +147,14 @@ type renderCache struct {
 	policies  map[*policy.PolicyRules][2]*chain
 
 	tierGroups      map[string]renderedGroup
-	clusterPolicies map[*policy.ClusterPolicyRules][2]*chain
+	clusterPolicies map[*policy.ClusterPolicyRules]clusterChains
+}
+
+// clusterChains are a ClusterNetworkPolicy direction's chains (IPv4, IPv6) and, with drop
+// logging, the chain each Deny rule goes to, which logs and drops.
+type clusterChains struct {
+	chains [2]*chain
+	drops  map[string]*chain
 }
 
 // renderedGroup is a group's chains (IPv4, IPv6; nil for a family none of its pods has) with
@@ -214,7 +225,7 @@ func newRenderCache(prev renderCache) renderCache {
 		policies:  make(map[*policy.PolicyRules][2]*chain, len(prev.policies)),
 
 		tierGroups:      make(map[string]renderedGroup, len(prev.tierGroups)),
-		clusterPolicies: make(map[*policy.ClusterPolicyRules][2]*chain, len(prev.clusterPolicies)),
+		clusterPolicies: make(map[*policy.ClusterPolicyRules]clusterChains, len(prev.clusterPolicies)),
 	}
 }
 
@@ -262,15 +273,21 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	for name, p := range rs.Policies {
 		pair, ok := rd.prev.policies[p]
 		if !ok {
-			pair = policyChains(p)
+			pair = policyChains(p, rd.counters)
 		}
 		rd.cur.policies[p] = pair
 		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = pair[0], pair[1]
 	}
-	// An isolated pod that no rule admits is dropped at the end of its group.
-	isolationDrop := []ruleSpec{{drop: true}}
+	// An isolated pod that no rule admits is dropped at the end of its group, after the
+	// drop is logged (--log-drops) under the group's ID, which is why each group then has an
+	// end of its own.
+	isolationDrop := []ruleSpec{{drop: true, counter: rd.counters}}
 	for name, g := range rs.Groups {
-		rd.cur.groups[name] = renderGroup(r, rd.prev.groups[name], name, g.Policies, groupFams[name], isolationDrop)
+		final := isolationDrop
+		if rd.log != nil {
+			final = []ruleSpec{logSpec(rd.log, policy.GroupDropID(name)), isolationDrop[0]}
+		}
+		rd.cur.groups[name] = renderGroup(r, rd.prev.groups[name], name, g.Policies, groupFams[name], final)
 	}
 
 	for name, as := range rs.AddrSets {
@@ -394,7 +411,21 @@ type ruleSpec struct {
 	jump     string // verdict: jump to this chain; else goto gotoTo; else drop when drop, else accept
 	gotoTo   string
 	drop     bool
+	// log, when set, makes a rule with no verdict: for the first packet of a connection, within
+	// the rate limit, send the packet to NFLOG with logPrefix.
+	log       *dataplane.DropLog
+	logPrefix string
+	// counter counts the packets the rule matches, just before its verdict.
+	counter bool
 }
+
+// logSpec is the rule logging a drop whose ID is id; the drop follows it. Only packets of
+// new connections are logged, so that each denied attempt logs once however long the peer
+// retries within it, and the limit is in the kernel, so that a flood is cut where it arises.
+func logSpec(l *dataplane.DropLog, id string) ruleSpec { return ruleSpec{log: l, logPrefix: id} }
+
+// dropChain names the chain that logs and drops for one ClusterNetworkPolicy Deny rule.
+func dropChain(id string) string { return "drop-" + strings.TrimPrefix(id, policy.DropIDPrefix) }
 
 func (r ruleSpec) text() string {
 	var parts []string
@@ -410,7 +441,13 @@ func (r ruleSpec) text() string {
 	if r.namedSet != "" {
 		parts = append(parts, fmt.Sprintf("%s daddr . th dport @%s", ipKeyword(r.v6), r.namedSet))
 	}
+	if r.counter {
+		parts = append(parts, "counter")
+	}
 	switch {
+	case r.log != nil:
+		parts = append(parts, fmt.Sprintf("ct state new limit rate %d/second burst %d packets log prefix %q group %d",
+			r.log.Rate, r.log.Burst, r.logPrefix, r.log.Group))
 	case r.jump != "":
 		parts = append(parts, "jump "+r.jump)
 	case r.gotoTo != "":
@@ -440,9 +477,9 @@ func specChain(specs []ruleSpec) *chain {
 func familyChain(name string, v6 bool) string { return name + famSuffix(v6) }
 
 // policyChains renders a policy's rules as its IPv4 and its IPv6 chain.
-func policyChains(p *policy.PolicyRules) [2]*chain {
+func policyChains(p *policy.PolicyRules, counters bool) [2]*chain {
 	var specs [2][]ruleSpec
-	for _, sp := range policyRules(p) {
+	for _, sp := range policyRules(p, counters) {
 		fam := 0
 		if sp.v6 {
 			fam = 1
@@ -454,10 +491,10 @@ func policyChains(p *policy.PolicyRules) [2]*chain {
 
 // policyRules expands each policy rule into nft rules: one per peer, port range and IP family.
 // Any one of them accepting means the policy allows.
-func policyRules(p *policy.PolicyRules) []ruleSpec {
+func policyRules(p *policy.PolicyRules, counters bool) []ruleSpec {
 	var out []ruleSpec
 	for _, rule := range p.Rules {
-		out = expandRule(out, p.Direction, rule.Peers, rule.Ports, ruleSpec{})
+		out = expandRule(out, p.Direction, rule.Peers, rule.Ports, ruleSpec{counter: counters})
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package nftables
 import (
 	"fmt"
 
+	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -67,12 +68,15 @@ func stages(dir policy.Direction) []string {
 func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 	// The policy chains first: a group jumps only to those with rules of its family.
 	for name, p := range rs.ClusterPolicies {
-		pair, ok := rd.prev.clusterPolicies[p]
+		cc, ok := rd.prev.clusterPolicies[p]
 		if !ok {
-			pair = clusterPolicyChains(p)
+			cc = clusterPolicyChains(name, p, rd.log, rd.counters)
 		}
-		rd.cur.clusterPolicies[p] = pair
-		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = pair[0], pair[1]
+		rd.cur.clusterPolicies[p] = cc
+		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = cc.chains[0], cc.chains[1]
+		for dc, c := range cc.drops {
+			r.Chains[dc] = c
+		}
 	}
 	for _, tier := range tiers {
 		groupFams := map[string][2]bool{}
@@ -114,31 +118,44 @@ func isFamilyRule(rule string, v6 bool) bool {
 	return rule[:3] == "ip "
 }
 
-// clusterPolicyChains renders a ClusterNetworkPolicy's rules for one direction as its IPv4 and
-// IPv6 chain, in order, each rule ending in its action's verdict.
-func clusterPolicyChains(p *policy.ClusterPolicyRules) [2]*chain {
+// clusterPolicyChains renders a ClusterNetworkPolicy's rules for one direction (chain names
+// it in the Ruleset) as its IPv4 and IPv6 chain, in order, each rule ending in its action's
+// verdict. With drop logging a Deny rule goes to a chain of its own that logs and drops,
+// which leaves one rule per match: packets the rule does not match cost what they did.
+func clusterPolicyChains(name string, p *policy.ClusterPolicyRules, log *dataplane.DropLog, counters bool) clusterChains {
 	var specs [2][]ruleSpec
+	var drops map[string]*chain
 	for _, rule := range p.Rules {
 		var verdict ruleSpec
 		switch rule.Action {
 		case policy.Deny:
 			verdict.drop = true
+			if log != nil {
+				id := policy.ClusterRuleDropID(name, rule.Index)
+				dc := dropChain(id)
+				if drops == nil {
+					drops = map[string]*chain{}
+				}
+				drops[dc] = specChain([]ruleSpec{logSpec(log, id), {drop: true}})
+				verdict = ruleSpec{gotoTo: dc}
+			}
 		case policy.Pass:
 			if p.Tier == policy.AdminTier {
 				verdict.gotoTo = "pass" // replaced per family below
 			}
 			// A baseline Pass skips the rest of the baseline tier, and only allow is left.
 		}
+		verdict.counter = counters
 		for _, sp := range expandRule(nil, p.Direction, rule.Peers, rule.Ports, verdict) {
 			fam := 0
 			if sp.v6 {
 				fam = 1
 			}
-			if sp.gotoTo != "" {
+			if sp.gotoTo == "pass" {
 				sp.gotoTo = passChain(p.Direction, sp.v6)
 			}
 			specs[fam] = append(specs[fam], sp)
 		}
 	}
-	return [2]*chain{specChain(specs[0]), specChain(specs[1])}
+	return clusterChains{chains: [2]*chain{specChain(specs[0]), specChain(specs[1])}, drops: drops}
 }

@@ -1,0 +1,142 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"slices"
+	"strings"
+
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+// Expectation is one fact of the kernel a verdict of the model depends on: whether a dispatch
+// map sends a local pod's address to a group's chain, or whether a peer set holds an address.
+type Expectation struct {
+	Set string // the set or verdict map
+	Key string // element key in nft syntax
+	// Want is the verdict a map element must have ("jump grp-..."), "" when a map must not
+	// hold the key; for a set, "member" or "".
+	Want  string
+	isMap bool
+}
+
+func (e Expectation) String() string {
+	switch {
+	case e.isMap && e.Want != "":
+		return fmt.Sprintf("map %s maps %s to %s", e.Set, e.Key, e.Want)
+	case e.isMap:
+		return fmt.Sprintf("map %s does not hold %s", e.Set, e.Key)
+	case e.Want != "":
+		return fmt.Sprintf("set %s holds %s", e.Set, e.Key)
+	}
+	return fmt.Sprintf("set %s does not hold %s", e.Set, e.Key)
+}
+
+// Expectations lists what the verdict of direction dir for local pod address local towards
+// peer depends on in the kernel of local's node, rendered from rs: the local address in each
+// stage's dispatch map (admin tier, NetworkPolicy, baseline tier), and the peer address in
+// each pod set that a rule of the policies judging local names.
+func Expectations(rs *policy.Ruleset, dir policy.Direction, local, peer netip.Addr) []Expectation {
+	v6 := local.Is6()
+	var out []Expectation
+	var policies []string
+	dispatch := func(m string, d map[policy.Direction]map[netip.Addr]string, groups func(string) []string) {
+		e := Expectation{Set: m, Key: local.String(), isMap: true}
+		if g, ok := d[dir][local]; ok {
+			e.Want = "jump " + familyChain(g, v6)
+			policies = append(policies, groups(g)...)
+		}
+		out = append(out, e)
+	}
+	dispatch(tierMap(policy.AdminTier, dir, v6), rs.Admin.Dispatch, func(g string) []string { return rs.Admin.Groups[g].Policies })
+	dispatch(dispatchMap(dir, v6), rs.Dispatch, func(g string) []string { return rs.Groups[g].Policies })
+	dispatch(tierMap(policy.BaselineTier, dir, v6), rs.Baseline.Dispatch, func(g string) []string { return rs.Baseline.Groups[g].Policies })
+	seen := map[string]bool{}
+	addSet := func(peers []policy.Peer) {
+		for _, p := range peers {
+			if p.AddrSet == "" || seen[p.AddrSet] {
+				continue
+			}
+			seen[p.AddrSet] = true
+			e := Expectation{Set: p.AddrSet + famSuffix(v6), Key: peer.String()}
+			if s := rs.AddrSets[p.AddrSet]; s != nil {
+				if _, ok := slices.BinarySearchFunc(s.Addrs, peer, netip.Addr.Compare); ok {
+					e.Want = "member"
+				}
+			}
+			out = append(out, e)
+		}
+	}
+	for _, name := range policies {
+		if pr := rs.Policies[name]; pr != nil {
+			for _, r := range pr.Rules {
+				addSet(r.Peers)
+			}
+		}
+		if cp := rs.ClusterPolicies[name]; cp != nil {
+			for _, r := range cp.Rules {
+				addSet(r.Peers)
+			}
+		}
+	}
+	return out
+}
+
+// Check looks each expectation up in the kernel's table (in the caller's network namespace)
+// and returns a line for each that does not hold.
+func Check(ctx context.Context, exps []Expectation) ([]string, error) {
+	if out, err := exec.CommandContext(ctx, "nft", "list", "table", "inet", TableName).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("table inet %s is not in this node's kernel (is the agent running here, on the nftables backend?): %s", TableName, strings.TrimSpace(string(out)))
+	}
+	var bad []string
+	for _, e := range exps {
+		got, present, err := getElement(ctx, e.Set, e.Key)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("want: %s; kernel: %v", e, err))
+			continue
+		}
+		switch {
+		case e.Want == "" && present:
+			bad = append(bad, fmt.Sprintf("want: %s; kernel: it holds it%s", e, suffix(got)))
+		case e.Want != "" && !present:
+			bad = append(bad, fmt.Sprintf("want: %s; kernel: it does not", e))
+		case e.isMap && e.Want != "" && got != e.Want:
+			bad = append(bad, fmt.Sprintf("want: %s; kernel: %s", e, got))
+		}
+	}
+	return bad, nil
+}
+
+func suffix(v string) string {
+	if v == "" {
+		return ""
+	}
+	return " (" + v + ")"
+}
+
+// getElement asks nft for one element: present reports whether the set holds key, and value is
+// a map element's verdict; a set that is not there at all is an error.
+func getElement(ctx context.Context, set, key string) (value string, present bool, err error) {
+	out, err := exec.CommandContext(ctx, "nft", "get", "element", "inet", TableName, set, "{", key, "}").CombinedOutput()
+	text := string(out)
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && strings.Contains(text, "Could not process rule: No such file or directory") {
+			return "", false, nil // the set is there, the element is not
+		}
+		return "", false, fmt.Errorf("set %s: %s", set, strings.TrimSpace(strings.SplitN(text, "\n", 2)[0]))
+	}
+	// The answer lists the set with the element: "elements = { 10.0.0.1 : jump grp-... }".
+	_, elems, ok := strings.Cut(text, "elements = {")
+	if !ok {
+		return "", false, nil
+	}
+	elems, _, _ = strings.Cut(elems, "}")
+	if _, v, isMap := strings.Cut(elems, " : "); isMap {
+		return strings.TrimSpace(v), true, nil
+	}
+	return "", true, nil
+}

@@ -1,0 +1,146 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/nflog"
+	"github.com/netwarden/netwarden/internal/nftables"
+	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/xtables"
+)
+
+// BenchmarkConnRateDropLog compares the new-connection rate through the benchmark cluster's
+// policies with drop logging on (log rules before every drop, and a reader bound to the
+// group, as the agent runs it) and off, on each backend; and on nftables with the per-policy
+// counters on and off. ratio is on over off; the target is at least 0.95. The rounds
+// are paired and rotated as in connRate, so that drift of a shared machine cancels out.
+func BenchmarkConnRateDropLog(b *testing.B) {
+	logOn := func(be dataplane.PolicyBackend) bool {
+		be.(dataplane.DropLogger).SetDropLog(&dataplane.DropLog{Group: 100, Rate: 10, Burst: 20})
+		return true
+	}
+	b.Run("nftables", func(b *testing.B) {
+		connRateWith(b, func() (dataplane.PolicyBackend, error) { return nftables.New() }, logOn)
+	})
+	b.Run("iptables-nft", func(b *testing.B) {
+		connRateWith(b, func() (dataplane.PolicyBackend, error) { return newIPTables(xtables.ModeNFT) }, logOn)
+	})
+	b.Run("nftables-counters", func(b *testing.B) {
+		connRateWith(b, func() (dataplane.PolicyBackend, error) { return nftables.New() }, func(be dataplane.PolicyBackend) bool {
+			be.(dataplane.PolicyCounters).SetPolicyCounters(true)
+			return false
+		})
+	})
+}
+
+// connRateWith measures the connection rate of the benchmark cluster's policies on backends
+// as newBackend makes them ("off") and after on changes them ("on"); on reports whether the
+// "on" nodes need a reader of the drop log group.
+func connRateWith(b *testing.B, newBackend func() (dataplane.PolicyBackend, error), on func(dataplane.PolicyBackend) bool) {
+	requireRoot(b)
+	const (
+		epochs         = 8
+		roundsPerEpoch = 8
+		window         = 200 * time.Millisecond
+		group          = 100 // as logOn sets it
+	)
+	configs := []string{"off", "on"}
+	spec := synth.Default()
+	type node struct {
+		bed    *testbed.Bed
+		client *testbed.Pod
+		dst    netip.AddrPort
+		reader *nflog.Conn
+	}
+	newNode := func(cfg int) *node {
+		bed := newBed(b)
+		server, err := bed.AddPod("ns-00000", "pod-000000")
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := &node{bed: bed, dst: netip.AddrPortFrom(server.IPv4, 80)}
+		if n.client, err = bed.AddPod("ns-00001", "pod-000001"); err != nil {
+			b.Fatal(err)
+		}
+		spec.LocalIPs = []netip.Addr{server.IPv4, n.client.IPv4}
+		st := synth.Generate(spec)
+		allowLast(st, "ns-00000", "ns-00001")
+		rs, stats := policy.Compile(st, spec.LocalNode)
+		if stats.IsolatedPods == 0 {
+			b.Fatal("no pod isolated")
+		}
+		if err := bed.InNode(func() error {
+			be, err := newBackend()
+			if err != nil {
+				return err
+			}
+			if cfg == 1 && on(be) {
+				// The reader's socket belongs to the namespace it is opened in.
+				if n.reader, err = nflog.Open(group); err != nil {
+					return err
+				}
+				go func() {
+					for {
+						if _, err := n.reader.Receive(); err != nil && !isLost(err) {
+							return
+						}
+					}
+				}()
+			}
+			_, err = be.FullSync(context.Background(), rs)
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		if connect(b, n.client, n.dst, 300*time.Millisecond, 1) == 0 {
+			b.Fatalf("%s: client cannot reach server", configs[cfg])
+		}
+		return n
+	}
+	rates := make([][]float64, len(configs))
+	for b.Loop() {
+		for epoch := range epochs {
+			nodes := make([]*node, len(configs))
+			for k := range nodes {
+				nodes[k] = newNode((k + epoch) % len(configs))
+			}
+			for round := range roundsPerEpoch {
+				settle()
+				for j := range nodes {
+					k := (round + j) % len(nodes)
+					cfg := (k + epoch) % len(configs)
+					rates[cfg] = append(rates[cfg], connect(b, nodes[k].client, nodes[k].dst, window, 4))
+				}
+			}
+			for _, n := range nodes {
+				if n.reader != nil {
+					n.reader.Close()
+				}
+				if err := n.bed.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	median := func(v []float64) float64 { return slices.Sorted(slices.Values(v))[len(v)/2] }
+	ratios := make([]float64, len(rates[0]))
+	for i := range ratios {
+		ratios[i] = rates[1][i] / rates[0][i]
+	}
+	b.ReportMetric(median(rates[0]), "conn/s-off")
+	b.ReportMetric(median(rates[1]), "conn/s-on")
+	b.ReportMetric(median(ratios), "ratio")
+	lo, hi := epochBootstrap(ratios, epochs, median)
+	b.ReportMetric(lo, "ratio-ci90-lo")
+	b.ReportMetric(hi, "ratio-ci90-hi")
+}
+
+func isLost(err error) bool { return errors.Is(err, nflog.ErrLost) }
