@@ -12,8 +12,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 func explainCmd() *cobra.Command {
@@ -27,10 +29,13 @@ func explainCmd() *cobra.Command {
 egress at the source pod's node, ingress at the destination pod's node. For each IP family both
 ends have, it prints each direction's verdict and the policies that decide it.
 
-With --kernel it also checks this node's kernel (the nftables table the agent keeps) for what
-each verdict judged here depends on: the pod's entries in the dispatch maps of each stage and
-the peer's membership in every pod set the deciding policies name. A mismatch is printed as
-KERNEL MISMATCH and makes explain exit non-zero.`,
+With --kernel it also checks this node's kernel for what each verdict judged here depends on:
+where each stage's dispatch leads the pod (the dispatch maps of the nftables table, or the
+dispatch chains of the iptables backend) and the peer's membership in every pod set the
+deciding policies name. It checks the backend the agent has programmed on this node: the
+nftables table inet netwarden, else the NETWARDEN-* chains of iptables-nft or iptables-legacy.
+A mismatch is printed as KERNEL MISMATCH and makes explain exit non-zero, as does a node
+where no backend is programmed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := f.logger(os.Stderr)
@@ -62,7 +67,11 @@ KERNEL MISMATCH and makes explain exit non-zero.`,
 				if err != nil {
 					return err
 				}
-				kc = &kernelCheck{ctx: cmd.Context(), node: node}
+				kc, err = detectKernel(cmd.Context(), node)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "kernel of node %s: %s backend\n", node, kc.backend)
 			}
 			return explainWith(cmd.OutOrStdout(), st, src, dst, proto, portNum, kc)
 		},
@@ -72,7 +81,7 @@ KERNEL MISMATCH and makes explain exit non-zero.`,
 	cmd.Flags().StringVar(&port, "port", "", "destination port and protocol, e.g. 80/tcp (tcp, udp or sctp)")
 	fs := cmd.Flags()
 	fs.StringVar(&f.nodeName, "node-name", "", "this node's name, for --kernel (default $NODE_NAME, then the hostname); each direction is judged at its pod's node")
-	fs.BoolVar(&kernel, "kernel", false, "also check this node's kernel for the dispatch map entries and peer set memberships the verdicts judged here depend on (nftables backend)")
+	fs.BoolVar(&kernel, "kernel", false, "also check this node's kernel (the nftables or iptables backend the agent programmed) for the dispatch and peer set memberships the verdicts judged here depend on")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for the Kubernetes API; in-cluster config when empty and KUBERNETES_SERVICE_HOST is set")
 	fs.StringVar(&f.manifests, "manifests", "", "read cluster state from the manifests in this directory instead of the API")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "log verbosity: debug, info, warn or error")
@@ -126,11 +135,49 @@ func resolveEndpoint(st *cluster.State, flag, s string) (endpoint, error) {
 	return endpoint{name: s, pod: true, node: p.Spec.NodeName, ips: ips}, nil
 }
 
-// kernelCheck is explain --kernel: the node whose kernel is at hand, and what it found wrong.
+// kernelCheck is explain --kernel: the node whose kernel is at hand, the backend programmed
+// there, and what it found wrong.
 type kernelCheck struct {
 	ctx        context.Context
 	node       string
+	backend    string
+	ipt        *xtables.Runner // the iptables variant holding our chains, for that backend
 	mismatches int
+}
+
+// detectKernel finds the backend the agent programmed here. The agent retires the other
+// backends' rules when it picks one, so the first found is the one judging packets; checking
+// a backend that holds nothing would report every fact as a mismatch and hide the real cause.
+func detectKernel(ctx context.Context, node string) (*kernelCheck, error) {
+	if nftables.Programmed(ctx) {
+		return &kernelCheck{ctx: ctx, node: node, backend: "nftables"}, nil
+	}
+	if r := iptables.Programmed(ctx); r != nil {
+		return &kernelCheck{ctx: ctx, node: node, backend: "iptables-" + string(r.Mode), ipt: r}, nil
+	}
+	return nil, fmt.Errorf("--kernel: no NetworkPolicy backend of netwarden is programmed in this network namespace's kernel "+
+		"(no nftables table inet %s, no %sFORWARD chain in iptables-nft or iptables-legacy): is the agent running on node %s?",
+		nftables.TableName, iptables.ChainPrefix, node)
+}
+
+// facts looks up what a verdict judged here depends on in the backend at hand.
+func (kc *kernelCheck) facts(rs *policy.Ruleset, dir policy.Direction, localIP, peerIP netip.Addr) (exps []fmt.Stringer, bad []string, err error) {
+	if kc.ipt != nil {
+		e := iptables.Expectations(rs, dir, localIP, peerIP)
+		bad, err = iptables.Check(kc.ctx, kc.ipt, e)
+		return stringers(e), bad, err
+	}
+	e := nftables.Expectations(rs, dir, localIP, peerIP)
+	bad, err = nftables.Check(kc.ctx, e)
+	return stringers(e), bad, err
+}
+
+func stringers[T fmt.Stringer](in []T) []fmt.Stringer {
+	out := make([]fmt.Stringer, len(in))
+	for i, v := range in {
+		out[i] = v
+	}
+	return out
 }
 
 // explain prints, for each family both ends have, the egress and ingress judgements.
@@ -201,8 +248,7 @@ func (kc *kernelCheck) check(out io.Writer, rs *policy.Ruleset, dir policy.Direc
 		fmt.Fprintf(out, "           kernel: not checked (%s is on node %s, this is %s)\n", local.name, local.node, kc.node)
 		return
 	}
-	exps := nftables.Expectations(rs, dir, localIP, peerIP)
-	bad, err := nftables.Check(kc.ctx, exps)
+	exps, bad, err := kc.facts(rs, dir, localIP, peerIP)
 	if err != nil {
 		kc.mismatches++
 		fmt.Fprintf(out, "           KERNEL MISMATCH: %v\n", err)
@@ -217,7 +263,7 @@ func (kc *kernelCheck) check(out io.Writer, rs *policy.Ruleset, dir policy.Direc
 	}
 }
 
-func joinExpectations(exps []nftables.Expectation) string {
+func joinExpectations(exps []fmt.Stringer) string {
 	s := make([]string, len(exps))
 	for i, e := range exps {
 		s[i] = e.String()

@@ -85,6 +85,11 @@ func Expectations(rs *policy.Ruleset, dir policy.Direction, local, peer netip.Ad
 	return out
 }
 
+// Programmed reports whether this network namespace's kernel holds the agent's table.
+func Programmed(ctx context.Context) bool {
+	return exec.CommandContext(ctx, "nft", "list", "table", "inet", TableName).Run() == nil
+}
+
 // Check looks each expectation up in the kernel's table (in the caller's network namespace)
 // and returns a line for each that does not hold.
 func Check(ctx context.Context, exps []Expectation) ([]string, error) {

@@ -304,9 +304,6 @@ func TestDropLogging(t *testing.T) {
 			}
 		}
 
-		if be.iptables() {
-			return
-		}
 		// explain --kernel agrees with the kernel the agent programmed, and says so loudly
 		// once the kernel stops holding a fact the verdict depends on. The agent is stopped
 		// first, so that no resync repairs the change before explain looks.
@@ -319,14 +316,17 @@ func TestDropLogging(t *testing.T) {
 		if err != nil || strings.Contains(out, "KERNEL MISMATCH") || !strings.Contains(out, "kernel: agrees") {
 			t.Fatalf("explain --kernel on an agreeing kernel: %v\n%s", err, out)
 		}
-		if !strings.Contains(out, "set ") || !strings.Contains(out, "maps "+dst.String()+" to jump grp-ingress-") {
+		dispatched, mismatch := "maps "+dst.String()+" to jump grp-ingress-", "KERNEL MISMATCH: want: map dispatch-in-v4 maps "+dst.String()
+		if be.iptables() {
+			dispatched = "chain NETWARDEN-INGRESS leads " + dst.String() + " to NETWARDEN-G-"
+			mismatch = "KERNEL MISMATCH: want: " + dispatched
+		}
+		if !strings.Contains(out, "set ") || !strings.Contains(out, dispatched) {
 			t.Errorf("explain --kernel did not check the server's dispatch and the peer sets:\n%s", out)
 		}
-		if o, err := w.sim.Nft("delete", "element", "inet", "netwarden", "dispatch-in-v4", "{", dst.String(), "}"); err != nil {
-			t.Fatalf("%v: %s", err, o)
-		}
+		deleteDispatch(t, w, be, dst.String())
 		out, err = w.sim.RunAgent(ctx, explainArgs...)
-		if err == nil || !strings.Contains(out, "KERNEL MISMATCH: want: map dispatch-in-v4 maps "+dst.String()) {
+		if err == nil || !strings.Contains(out, mismatch) {
 			t.Fatalf("explain --kernel with the server's dispatch element gone: %v, want a mismatch and an error:\n%s", err, out)
 		}
 	})

@@ -1,0 +1,233 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"slices"
+	"strings"
+
+	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/xtables"
+)
+
+// Expectation is one fact of the kernel a verdict of the model depends on: which group chain
+// a dispatch tree leads a local pod's address to, or whether a pod ipset holds an address.
+type Expectation struct {
+	// Root is the dispatch tree's root chain, or the ipset's name.
+	Root string
+	Addr netip.Addr
+	// Want is the group chain the tree must lead Addr to by goto, "" when it must lead Addr
+	// to none of the kind (prefix names the kind: the NetworkPolicy/Baseline tree is shared,
+	// so "leads to no NetworkPolicy group" must not object to a Baseline group); for a set,
+	// "member" or "".
+	Want   string
+	prefix string
+	isSet  bool
+}
+
+func (e Expectation) String() string {
+	switch {
+	case !e.isSet && e.Want != "":
+		return fmt.Sprintf("chain %s leads %s to %s", e.Root, e.Addr, e.Want)
+	case !e.isSet:
+		return fmt.Sprintf("chain %s leads %s to no %s* chain", e.Root, e.Addr, e.prefix)
+	case e.Want != "":
+		return fmt.Sprintf("ipset %s holds %s", e.Root, e.Addr)
+	}
+	return fmt.Sprintf("ipset %s does not hold %s", e.Root, e.Addr)
+}
+
+// Expectations is nftables.Expectations for this backend: what the verdict of direction dir
+// for local pod address local towards peer depends on in the kernel of local's node. The
+// Admin tier has its own dispatch tree; NetworkPolicy and the Baseline tier share one, in
+// which an address isolated by NetworkPolicy never leads to a Baseline group (see Render).
+func Expectations(rs *policy.Ruleset, dir policy.Direction, local, peer netip.Addr) []Expectation {
+	fam := famOf(local)
+	var out []Expectation
+	var policies []string
+
+	admin := Expectation{Root: adminRoot(dir), Addr: local, prefix: adminGroupPrefix}
+	if g, ok := rs.Admin.Dispatch[dir][local]; ok {
+		admin.Want = adminChain(g)
+		policies = append(policies, rs.Admin.Groups[g].Policies...)
+	}
+	out = append(out, admin)
+
+	np := Expectation{Root: npRoot(dir), Addr: local, prefix: groupPrefix}
+	g, isolated := rs.Dispatch[dir][local]
+	if isolated {
+		np.Want = groupChain(g)
+		policies = append(policies, rs.Groups[g].Policies...)
+	}
+	out = append(out, np)
+	// Listing the Baseline fact of an isolated pod would only repeat the one above: the
+	// address leads to its NetworkPolicy group, so to no Baseline group.
+	if !isolated {
+		base := Expectation{Root: npRoot(dir), Addr: local, prefix: baselineGroupPrefix}
+		if g, ok := rs.Baseline.Dispatch[dir][local]; ok {
+			base.Want = baselineChain(g)
+			policies = append(policies, rs.Baseline.Groups[g].Policies...)
+		}
+		out = append(out, base)
+	}
+
+	seen := map[string]bool{}
+	addSet := func(peers []policy.Peer) {
+		for _, p := range peers {
+			if p.AddrSet == "" || seen[p.AddrSet] {
+				continue
+			}
+			seen[p.AddrSet] = true
+			e := Expectation{Root: podSet(p.AddrSet, fam), Addr: peer, isSet: true}
+			if s := rs.AddrSets[p.AddrSet]; s != nil {
+				if _, ok := slices.BinarySearchFunc(s.Addrs, peer, netip.Addr.Compare); ok {
+					e.Want = "member"
+				}
+			}
+			out = append(out, e)
+		}
+	}
+	for _, name := range policies {
+		if pr := rs.Policies[name]; pr != nil {
+			for _, r := range pr.Rules {
+				addSet(r.Peers)
+			}
+		}
+		if cp := rs.ClusterPolicies[name]; cp != nil {
+			for _, r := range cp.Rules {
+				addSet(r.Peers)
+			}
+		}
+	}
+	return out
+}
+
+// Programmed returns a runner for the iptables variant whose filter table holds our chains
+// in either family, or nil when neither does (or neither works here).
+func Programmed(ctx context.Context) *xtables.Runner {
+	for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
+		r, err := xtables.NewRunner(ctx, m)
+		if err != nil {
+			continue
+		}
+		for _, f := range families {
+			if ok, err := r.ChainExists(ctx, f, "filter", chainForward); err == nil && ok {
+				return r
+			}
+		}
+	}
+	return nil
+}
+
+// Check looks each expectation up in the kernel of run's variant (in the caller's network
+// namespace) and returns a line for each that does not hold. Each family's filter table and
+// the ipsets are read once, whatever the number of facts.
+func Check(ctx context.Context, run *xtables.Runner, exps []Expectation) ([]string, error) {
+	var tables [2]*saved
+	table := func(fam int) (*saved, error) {
+		if tables[fam] == nil {
+			out, err := run.Save(ctx, families[fam], "filter")
+			if err != nil {
+				return nil, err
+			}
+			st := parseSave(out)
+			if _, ok := st.rules[chainForward]; !ok {
+				return nil, fmt.Errorf("the %s filter table of iptables-%s holds no %s (is the agent running here, on the iptables backend?)",
+					families[fam], run.Mode, chainForward)
+			}
+			tables[fam] = &st
+		}
+		return tables[fam], nil
+	}
+	var sets map[string][]string
+	var bad []string
+	for _, e := range exps {
+		if e.isSet {
+			if sets == nil {
+				out, err := exec.CommandContext(ctx, "ipset", "save").Output()
+				if err != nil {
+					return nil, fmt.Errorf("ipset save: %w", err)
+				}
+				sets = parseIPSetSave(out)
+			}
+			members, exists := sets[e.Root]
+			held := slices.ContainsFunc(members, func(m string) bool {
+				a, err := netip.ParseAddr(m)
+				return err == nil && a == e.Addr
+			})
+			switch {
+			case !exists:
+				bad = append(bad, fmt.Sprintf("want: %s; kernel: there is no ipset %s", e, e.Root))
+			case e.Want != "" && !held:
+				bad = append(bad, fmt.Sprintf("want: %s; kernel: it does not", e))
+			case e.Want == "" && held:
+				bad = append(bad, fmt.Sprintf("want: %s; kernel: it holds it", e))
+			}
+			continue
+		}
+		st, err := table(famOf(e.Addr))
+		if err != nil {
+			return nil, err
+		}
+		if b := checkDispatch(st, e); b != "" {
+			bad = append(bad, b)
+		}
+	}
+	return bad, nil
+}
+
+// checkDispatch holds a dispatch expectation against one family's saved filter table and
+// returns what does not hold, or "".
+func checkDispatch(st *saved, e Expectation) string {
+	got, path := lead(st, e.Root, e.Addr)
+	switch {
+	case e.Want != "" && got == "":
+		return fmt.Sprintf("want: %s; kernel: %s leads it to no group chain%s", e, e.Root, via(path))
+	case e.Want != "" && got != e.Want:
+		return fmt.Sprintf("want: %s; kernel: it leads it to %s%s", e, got, via(path))
+	case e.Want == "" && strings.HasPrefix(got, e.prefix):
+		return fmt.Sprintf("want: %s; kernel: it leads it to %s%s", e, got, via(path))
+	}
+	return ""
+}
+
+func via(path []string) string {
+	if len(path) < 2 {
+		return ""
+	}
+	return " (via " + strings.Join(path[1:], ", ") + ")"
+}
+
+// lead follows addr through the dispatch tree at root as the kernel does: the first rule whose
+// address match holds decides, a block chain is entered, and a group chain (or the end, or
+// a rule matching every address, such as the Admin tree's goto to the NetworkPolicy tree) ends
+// the walk. It returns the group chain reached, or "", and the chains crossed.
+func lead(st *saved, root string, addr netip.Addr) (string, []string) {
+	chain, path := root, []string{root}
+	for depth := 0; depth < 4; depth++ {
+		next := ""
+		for _, spec := range st.rules[chain] {
+			d, ok := parseDispatchRule(spec)
+			if !ok {
+				if strings.HasPrefix(spec, "-g ") {
+					return "", path // a goto for every address: out of this tree
+				}
+				continue
+			}
+			if d.prefix.Contains(addr) {
+				next = strings.Fields(spec)[3]
+				break
+			}
+		}
+		if next == "" {
+			return "", path
+		}
+		if strings.HasPrefix(next, groupPrefix) || strings.HasPrefix(next, adminGroupPrefix) || strings.HasPrefix(next, baselineGroupPrefix) {
+			return next, path
+		}
+		chain, path = next, append(path, next)
+	}
+	return "", path
+}

@@ -1,0 +1,124 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/netwarden/netwarden/internal/testbed"
+)
+
+// TestExplainKernel proves explain --kernel on each backend, the one the agent programmed
+// found without being told: it agrees with a correctly programmed node, through the Admin
+// tier's dispatch too, and reports a mismatch once the server's dispatch is gone.
+func TestExplainKernel(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, allBackends, func(t *testing.T, be backend) {
+		w := newWorld(t, be, testbed.Routed, true, false)
+		w.addNamespace("x", map[string]string{"ns": "x"})
+		w.addPod(t, "x", "server", map[string]string{"app": "server"}, cport("web", 80, tcp))
+		w.addPod(t, "x", "friend", map[string]string{"app": "friend"})
+		w.addPod(t, "x", "stranger", map[string]string{"app": "stranger"})
+		w.policies["x/web"] = withIngress(netpol("x", "web", sel("app", "server")), from(peers(podPeer(selp("app", "friend"))), port(tcp, 80)))
+		if err := w.sim.StartAgent(); err != nil {
+			t.Fatal(err)
+		}
+		cnp := &npav1beta1.ClusterNetworkPolicy{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "policy.networking.k8s.io/v1beta1", Kind: "ClusterNetworkPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: "fence"},
+			Spec: npav1beta1.ClusterNetworkPolicySpec{Tier: npav1beta1.AdminTier, Priority: 1,
+				Subject: npav1beta1.ClusterNetworkPolicySubject{Pods: &npav1beta1.NamespacedPod{
+					NamespaceSelector: metav1.LabelSelector{}, PodSelector: sel("app", "friend")}},
+				Egress: []npav1beta1.ClusterNetworkPolicyEgressRule{{Name: "no-stranger", Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny,
+					To: []npav1beta1.ClusterNetworkPolicyEgressPeer{{Pods: &npav1beta1.NamespacedPod{NamespaceSelector: metav1.LabelSelector{}, PodSelector: sel("app", "stranger")}}}}}},
+		}
+		if err := w.sim.Apply(append(w.objects(), cnp)...); err != nil {
+			t.Fatal(err)
+		}
+		// Stopped first, so that no resync repairs the kernel before explain looks.
+		if err := w.sim.StopAgent(); err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		dst := w.tpods["x/server"].IPv4
+		explain := func(from string) (string, error) {
+			return w.sim.RunAgent(ctx, "explain", "--kernel", "--manifests", w.sim.Dir, "--node-name", w.sim.NodeName,
+				"--from", from, "--to", "x/server", "--port", "80/tcp")
+		}
+		for _, from := range []string{"x/stranger", "x/friend"} {
+			out, err := explain(from)
+			if err != nil || strings.Contains(out, "KERNEL MISMATCH") || strings.Count(out, "kernel: agrees") != 2 {
+				t.Fatalf("explain --kernel --from %s on an agreeing kernel: %v\n%s", from, err, out)
+			}
+			if !strings.Contains(out, "kernel of node "+w.sim.NodeName+": "+be.name+" backend") {
+				t.Errorf("explain --kernel did not find the %s backend:\n%s", be.name, out)
+			}
+			var want []string
+			if be.iptables() {
+				want = []string{"chain NETWARDEN-INGRESS leads " + dst.String() + " to NETWARDEN-G-", "ipset netwarden-p4-"}
+				if from == "x/friend" {
+					want = append(want, "chain NETWARDEN-ADMIN-EGRESS leads "+w.tpods[from].IPv4.String()+" to NETWARDEN-A-")
+				}
+			} else {
+				want = []string{"maps " + dst.String() + " to jump grp-ingress-", "set "}
+			}
+			for _, s := range want {
+				if !strings.Contains(out, s) {
+					t.Errorf("explain --kernel --from %s does not check %q:\n%s", from, s, out)
+				}
+			}
+		}
+
+		deleteDispatch(t, w, be, dst.String())
+		out, err := explain("x/stranger")
+		mismatch := "KERNEL MISMATCH: want: map dispatch-in-v4 maps " + dst.String()
+		if be.iptables() {
+			mismatch = "KERNEL MISMATCH: want: chain NETWARDEN-INGRESS leads " + dst.String() + " to NETWARDEN-G-"
+		}
+		if err == nil || !strings.Contains(out, mismatch) {
+			t.Fatalf("explain --kernel with the server's dispatch gone: %v, want %q and an error:\n%s", err, mismatch, out)
+		}
+
+		// With nothing of ours in the kernel there is nothing to check against: explain says so
+		// rather than reporting every fact as a mismatch.
+		if out, err := w.sim.RunAgent(ctx, "cleanup"); err != nil {
+			t.Fatalf("cleanup: %v\n%s", err, out)
+		}
+		out, err = explain("x/stranger")
+		if err == nil || !strings.Contains(out, "no NetworkPolicy backend of netwarden is programmed") || strings.Contains(out, "KERNEL MISMATCH") {
+			t.Fatalf("explain --kernel on a node with no backend programmed: %v, want an error saying so:\n%s", err, out)
+		}
+	})
+}
+
+// deleteDispatch removes the rule (or map element) that leads ingress to addr to its
+// NetworkPolicy group, in the test node's network namespace only.
+func deleteDispatch(t *testing.T, w *world, be backend, addr string) {
+	t.Helper()
+	ctx := context.Background()
+	if !be.iptables() {
+		if o, err := w.sim.Nft("delete", "element", "inet", "netwarden", "dispatch-in-v4", "{", addr, "}"); err != nil {
+			t.Fatalf("%v: %s", err, o)
+		}
+		return
+	}
+	out, err := w.sim.Bed.NodeExec(ctx, "iptables-"+be.mode+"-save", "-t", "filter")
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	// The rule sits in the root or in the chain of the server's block of addresses.
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) == 6 && f[0] == "-A" && f[2] == "-d" && f[3] == addr+"/32" && strings.HasPrefix(f[5], "NETWARDEN-G-") {
+			f[0] = "-D"
+			if o, err := w.sim.Bed.NodeExec(ctx, "iptables-"+be.mode, append([]string{"-w"}, f...)...); err != nil {
+				t.Fatalf("%v: %s", err, o)
+			}
+			return
+		}
+	}
+	t.Fatalf("no ingress dispatch rule for %s in iptables-%s:\n%s", addr, be.mode, out)
+}
+
