@@ -121,4 +121,3 @@ func deleteDispatch(t *testing.T, w *world, be backend, addr string) {
 	}
 	t.Fatalf("no ingress dispatch rule for %s in iptables-%s:\n%s", addr, be.mode, out)
 }
-
