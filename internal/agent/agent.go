@@ -18,6 +18,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/guard"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -49,6 +50,10 @@ type Config struct {
 	// PolicyCounters, when set, counts the packets each policy's rules decide and exports
 	// them as netwarden_policy_packets_total (backends that implement dataplane.PolicyCounters).
 	PolicyCounters bool
+
+	// Guard and DenyMark: see guarded.go.
+	Guard    guard.Guard
+	DenyMark uint32
 }
 
 // Agent keeps the kernel in step with the cluster.
@@ -70,6 +75,7 @@ type Agent struct {
 	drops   *dropLog // nil without DropLog, and until Run opens it
 	// applied is the Ruleset the kernel holds, for what reads the kernel's counters and logs.
 	applied atomic.Pointer[policy.Ruleset]
+	guarded
 }
 
 // New returns an Agent; call Run or Once.
@@ -375,6 +381,10 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 		res, err = a.cfg.Policy.Sync(ctx, rs)
 	}
 	if err != nil {
+		a.lastEvent.CompareAndSwap(0, seen)
+		return err
+	}
+	if err := a.afterSync(ctx, rs, res); err != nil {
 		a.lastEvent.CompareAndSwap(0, seen)
 		return err
 	}
