@@ -51,9 +51,10 @@ type Config struct {
 	// them as netwarden_policy_packets_total (backends that implement dataplane.PolicyCounters).
 	PolicyCounters bool
 
-	// Guard and DenyMark: see guarded.go.
-	Guard    guard.Guard
-	DenyMark uint32
+	// Guard, DenyMark and GateSocket: see guarded.go.
+	Guard      guard.Guard
+	DenyMark   uint32
+	GateSocket string
 }
 
 // Agent keeps the kernel in step with the cluster.
@@ -105,6 +106,9 @@ func New(cfg Config) *Agent {
 	if pc, ok := cfg.Policy.(dataplane.PolicyCounters); ok && cfg.PolicyCounters {
 		pc.SetPolicyCounters(true)
 		a.metrics.registry.MustRegister(newPolicyCounterCollector(a, pc))
+	}
+	if cfg.GateSocket != "" {
+		a.gate = newGateState()
 	}
 	return a
 }
@@ -221,6 +225,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 	if a.cfg.HealthAddr != "" {
 		if err := a.serveHealth(ctx); err != nil {
+			return err
+		}
+	}
+	if a.gate != nil {
+		if err := a.serveGate(ctx); err != nil {
 			return err
 		}
 	}
@@ -363,15 +372,17 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 	start := time.Now()
 	// The snapshot's Generation and Revision are what the kernel holds once its rules apply.
 	st := a.cfg.Source.Snapshot()
-	if !full && a.inSync && a.compiler.Unchanged(st) {
+	cst := a.compileState(st)
+	if !full && a.inSync && a.compiler.Unchanged(cst) {
 		// A snapshot that moved only the source's Revision needs no compile and no kernel
 		// transaction: the rules in the kernel stand for it as they are.
+		a.unchangedSync()
 		a.policyApplied(st)
 		a.log.Debug("no change", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "objectsChanged", false)
 		return nil
 	}
 	a.inSync = false
-	rs, stats := a.compiler.Compile(st)
+	rs, stats := a.compiler.Compile(cst)
 	compiled := time.Now()
 	var res dataplane.SyncResult
 	var err error
@@ -384,7 +395,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 		a.lastEvent.CompareAndSwap(0, seen)
 		return err
 	}
-	if err := a.afterSync(ctx, rs, res); err != nil {
+	if err := a.afterSync(ctx, cst, rs, res); err != nil {
 		a.lastEvent.CompareAndSwap(0, seen)
 		return err
 	}

@@ -192,6 +192,9 @@ func agentCmd() *cobra.Command {
 			if compactDelay <= 0 {
 				return fmt.Errorf("--compact-delay must be positive, got %v", compactDelay)
 			}
+			if err := gf.check(f.networkPolicy); err != nil {
+				return err
+			}
 			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, CompactDelay: compactDelay, HealthAddr: healthAddr, Logger: log}
 			if cfg.DropLog, err = df.config(f.networkPolicy); err != nil {
 				return err

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strconv"
 
 	"github.com/spf13/cobra"
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/gate"
 	"github.com/netwarden/netwarden/internal/guard"
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"
@@ -20,6 +22,7 @@ import (
 type guardFlags struct {
 	keepEstablished bool
 	denyMark        string
+	gateSocket      string
 }
 
 func (f *guardFlags) register(cmd *cobra.Command) {
@@ -28,6 +31,17 @@ func (f *guardFlags) register(cmd *cobra.Command) {
 		"let flows that were established before a policy change denied them go on (Calico's behaviour); by default they are stopped")
 	fs.StringVar(&f.denyMark, "conntrack-deny-mark", fmt.Sprintf("0x%x", agent.DefaultDenyMark),
 		"the conntrack mark bit(s) that flag an established flow a policy now denies; no other component may use them")
+	fs.StringVar(&f.gateSocket, "gate-socket", "",
+		"serve the netwarden-gate CNI plugin on this unix socket (such as "+gate.DefaultSocket+"): a pod starts once its verdicts are installed, "+
+			"and traffic of addresses in this node's podCIDRs that the agent has no verdicts for is dropped; empty disables")
+}
+
+// check rejects flags that would be ignored.
+func (f *guardFlags) check(networkPolicy bool) error {
+	if f.gateSocket != "" && !networkPolicy {
+		return fmt.Errorf("--gate-socket needs --network-policy: the gate waits for a pod's NetworkPolicy verdicts")
+	}
+	return nil
 }
 
 // apply sets the agent's guard for the policy backend chosen.
@@ -39,8 +53,15 @@ func (f *guardFlags) apply(cfg *agent.Config, backend dataplane.PolicyBackend) e
 	if !f.keepEstablished {
 		cfg.DenyMark = uint32(mark)
 	}
+	if f.gateSocket != "" && !filepath.IsAbs(f.gateSocket) {
+		return fmt.Errorf("--gate-socket %q: want an absolute path", f.gateSocket)
+	}
+	cfg.GateSocket = f.gateSocket
 	switch b := backend.(type) {
 	case *iptables.Backend:
+		if f.gateSocket != "" {
+			return fmt.Errorf("--gate-socket: the gate's drop of unknown pods needs the nftables backend, not %s", b.Name())
+		}
 		cfg.Guard = guard.NewIPTables(&xtables.Runner{Mode: b.Mode()})
 	case *nftables.Backend:
 		g, err := guard.NewNFTables()
