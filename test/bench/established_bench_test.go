@@ -109,4 +109,3 @@ func BenchmarkDeniedFlowStops(b *testing.B) {
 		})
 	}
 }
-
