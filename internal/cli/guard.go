@@ -59,9 +59,6 @@ func (f *guardFlags) apply(cfg *agent.Config, backend dataplane.PolicyBackend) e
 	cfg.GateSocket = f.gateSocket
 	switch b := backend.(type) {
 	case *iptables.Backend:
-		if f.gateSocket != "" {
-			return fmt.Errorf("--gate-socket: the gate's drop of unknown pods needs the nftables backend, not %s", b.Name())
-		}
 		cfg.Guard = guard.NewIPTables(&xtables.Runner{Mode: b.Mode()})
 	case *nftables.Backend:
 		g, err := guard.NewNFTables()
@@ -79,9 +76,11 @@ func cleanupGuards(ctx context.Context, except guard.Guard) error {
 	if g, err := guard.NewNFTables(); err == nil && (except == nil || except.Name() != g.Name()) {
 		errs = append(errs, g.Cleanup(ctx))
 	}
+	_, iptInUse := except.(*guard.IPTables)
 	for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
 		if r, err := xtables.NewRunner(ctx, m); err == nil {
 			g := guard.NewIPTables(r)
+			g.KeepSets = iptInUse // the variant in use references them
 			if except == nil || except.Name() != g.Name() {
 				errs = append(errs, g.Cleanup(ctx))
 			}

@@ -30,7 +30,7 @@ const gateBenchPods = 60
 func BenchmarkGateAdd(b *testing.B) {
 	requireKernel(b)
 	for range b.N {
-		g := newGateNode(b)
+		g := newGateNode(b, "nftables")
 		objs := []runtime.Object{simnode.Namespace("x", nil), onlyFromAllowed()}
 		for i := range gateBenchPods {
 			objs = append(objs, gatePodObject("x", fmt.Sprintf("pod-%d", i), map[string]string{"app": "target"}))

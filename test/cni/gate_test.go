@@ -57,9 +57,9 @@ func (l lockedBuffer) Write(p []byte) (int, error) {
 	return l.buf.Write(p)
 }
 
-func newGateNode(t testing.TB) *gateNode {
+func newGateNode(t testing.TB, backend string) *gateNode {
 	t.Helper()
-	g := &gateNode{node: newBareNode(t, "nftables"), agentLog: &bytes.Buffer{}}
+	g := &gateNode{node: newBareNode(t, backend), agentLog: &bytes.Buffer{}}
 	// As on a Kubernetes node, bridged pod-to-pod packets pass the IP hooks, where the agent's
 	// rules judge them.
 	for _, k := range []string{"net.bridge.bridge-nf-call-iptables=1", "net.bridge.bridge-nf-call-ip6tables=1"} {
@@ -86,7 +86,7 @@ func newGateNode(t testing.TB) *gateNode {
 			g.logMu.Lock()
 			t.Logf("agent log:\n%s", tailLines(g.agentLog.String(), 40))
 			g.logMu.Unlock()
-			out, _ := shErr(g.ns, "nft", "list", "ruleset")
+			out, _ := shErr(g.ns, "sh", "-c", "nft list ruleset; iptables-save -t mangle; ipset list")
 			t.Logf("ruleset:\n%s", out)
 		}
 	})
@@ -152,8 +152,10 @@ func (g *gateNode) startAgent(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	backend, mode, _ := strings.Cut(g.backend, "-")
 	cmd := exec.Command("ip", "netns", "exec", nsName(g.ns), bin, "agent", "--node-name", gateNodeName, "--manifests", g.dir,
-		"--backend", "nftables", "--gate-socket", g.sock, "--health-addr", "unix:"+g.statusSock, "--network-policy=true")
+		"--backend", backend, "--gate-socket", g.sock, "--health-addr", "unix:"+g.statusSock)
+	cmd.Env = append(os.Environ(), "NETWARDEN_IPTABLES_MODE="+mode)
 	cmd.Stdout = lockedBuffer{&g.logMu, g.agentLog}
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
@@ -313,7 +315,16 @@ type probeResult struct {
 // work as the spec says.
 func TestGateJudgesPodFromFirstPacket(t *testing.T) {
 	requireKernel(t)
-	g := newGateNode(t)
+	for _, backend := range []string{"nftables", "iptables-nft"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			testGate(t, backend)
+		})
+	}
+}
+
+func testGate(t *testing.T, backend string) {
+	g := newGateNode(t, backend)
 	g.setState(t, simnode.Namespace("x", nil), onlyFromAllowed(),
 		gatePodObject("x", "allowed", map[string]string{"role": "allowed"}),
 		gatePodObject("x", "denied", map[string]string{"role": "denied"}),
