@@ -70,7 +70,9 @@ func (f *guardFlags) apply(cfg *agent.Config, backend dataplane.PolicyBackend) e
 	return nil
 }
 
-// cleanupGuards removes the guard of every backend; absent ones are not an error.
+// cleanupGuards removes the guard of every backend but except; absent ones, and variants that
+// do not work here, are not an error. Each variant costs one save per family when it holds
+// nothing of ours, since cleanup runs on every start with the feature off.
 func cleanupGuards(ctx context.Context, except guard.Guard) error {
 	var errs []error
 	if g, err := guard.NewNFTables(); err == nil && (except == nil || except.Name() != g.Name()) {
@@ -78,12 +80,13 @@ func cleanupGuards(ctx context.Context, except guard.Guard) error {
 	}
 	_, iptInUse := except.(*guard.IPTables)
 	for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
-		if r, err := xtables.NewRunner(ctx, m); err == nil {
-			g := guard.NewIPTables(r)
-			g.KeepSets = iptInUse // the variant in use references them
-			if except == nil || except.Name() != g.Name() {
-				errs = append(errs, g.Cleanup(ctx))
-			}
+		g := guard.NewIPTables(&xtables.Runner{Mode: m})
+		g.KeepSets = iptInUse // the variant in use references them
+		if except != nil && except.Name() == g.Name() {
+			continue
+		}
+		if err := g.Cleanup(ctx); err != nil && !errors.Is(err, guard.ErrUnusable) {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

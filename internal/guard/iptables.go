@@ -146,6 +146,10 @@ func (g *IPTables) writeSets(ctx context.Context, d Desired) error {
 	return nil
 }
 
+// ErrUnusable is what Cleanup returns when the variant's commands do not work here, so
+// nothing of ours can be there either.
+var ErrUnusable = errors.New("iptables variant not usable")
+
 // Cleanup implements Guard.
 func (g *IPTables) Cleanup(ctx context.Context) error {
 	g.applied = nil
@@ -153,7 +157,7 @@ func (g *IPTables) Cleanup(ctx context.Context) error {
 	for _, fam := range xtables.Families {
 		out, err := g.run.Save(ctx, fam, "mangle")
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("%w: %w", ErrUnusable, err))
 			continue
 		}
 		for _, j := range [][2]string{{"PREROUTING", IPTablesChain}, {"FORWARD", IPTablesForwardChain}} {

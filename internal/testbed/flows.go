@@ -77,6 +77,7 @@ type Flow struct {
 	Proto   string // "tcp" or "udp"
 	conn    net.Conn
 	echoes  atomic.Int64
+	sent    atomic.Int64 // messages handed to the kernel whole
 	last    atomic.Int64 // unix nanoseconds of the last echo
 	mu      sync.Mutex
 	err     error
@@ -110,8 +111,13 @@ func OpenFlows(p *Pod, dst netip.AddrPort) (tcp, udp *Flow, err error) {
 	return tcp, udp, nil
 }
 
-// Echoes counts the messages echoed so far.
+// Echoes counts the messages echoed so far. Echoes come back in order, so Echoes() > n means
+// that message n (counting from 0) was echoed.
 func (f *Flow) Echoes() int64 { return f.echoes.Load() }
+
+// Sent counts the messages written so far: a message numbered Sent() or later is written
+// after the call, however late its echo is read.
+func (f *Flow) Sent() int64 { return f.sent.Load() }
 
 // LastEcho is when the last echo arrived (zero before the first).
 func (f *Flow) LastEcho() time.Time {
@@ -166,7 +172,7 @@ func (f *Flow) start() {
 		tick := time.NewTicker(2 * time.Millisecond)
 		defer tick.Stop()
 		var msg [8]byte
-		for seq := uint64(0); ; seq++ {
+		for seq := uint64(0); ; {
 			select {
 			case <-f.stopped:
 				return
@@ -177,9 +183,19 @@ func (f *Flow) start() {
 				// A stream that a policy cut fills its send buffer and then blocks.
 				_ = f.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 			}
-			if _, err := f.conn.Write(msg[:]); err != nil && !closedOrTimeout(err) {
-				f.fail(fmt.Errorf("write: %w", err))
+			// Counted before the write: a message counts as sent from the moment it may be.
+			f.sent.Store(int64(seq + 1))
+			if n, err := f.conn.Write(msg[:]); err != nil {
+				if !closedOrTimeout(err) {
+					f.fail(fmt.Errorf("write: %w", err))
+				}
+				if n > 0 {
+					return // a message cut short: the stream's framing is lost
+				}
+				f.sent.Store(int64(seq)) // not written: the same message goes next time
+				continue
 			}
+			seq++
 		}
 	}()
 	go func() {

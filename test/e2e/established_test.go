@@ -13,9 +13,9 @@ const streamPort = 7000
 
 // TestEstablishedFlowsCut opens a TCP stream and a UDP flow from an allowed and from a denied
 // client to a server, then applies a policy that admits only the allowed client, while all
-// four flows carry a numbered message every 2 ms, each echoed back. Once the agent reports the
-// policy applied, the denied client's flows get no echo at all; the allowed client's go on
-// with every message echoed in order. Twenty rounds per backend, each with new flows (and
+// four flows carry a numbered message every 2 ms, each echoed back. No message the denied
+// client writes after the agent reports the policy applied is echoed; the allowed client's
+// flows go on with every message echoed in order. Twenty rounds per backend, each with new flows (and
 // the policy removed in between, which must let new flows through again), so a race with
 // conntrack pickup would show. Then --keep-established keeps the denied flows going.
 func TestEstablishedFlowsCut(t *testing.T) {
@@ -50,7 +50,6 @@ func TestEstablishedFlowsCut(t *testing.T) {
 			}
 			return []*testbed.Flow{tcp, udp}
 		}
-		counts := func(fs []*testbed.Flow) []int64 { return []int64{fs[0].Echoes(), fs[1].Echoes()} }
 		round := func(t *testing.T, i int, keep bool) {
 			good, bad := open(w.tpods["x/good"]), open(w.tpods["x/bad"])
 			for _, f := range append(good, bad...) {
@@ -62,26 +61,29 @@ func TestEstablishedFlowsCut(t *testing.T) {
 			if err := w.sim.Apply(append(base, deny)...); err != nil {
 				t.Fatal(err)
 			}
-			// The agent reports a change applied only after it re-judged the established
-			// flows, so what is in flight now is the last that can pass: give it time to land.
-			time.Sleep(50 * time.Millisecond)
-			badBefore, goodBefore := counts(bad), counts(good)
-			time.Sleep(200 * time.Millisecond)
-			badAfter, goodAfter := counts(bad), counts(good)
+			// The agent reports a change applied only after it flagged the established flows
+			// it now denies, so no message written from now on may come back on a denied
+			// flow, however late the test reads it. The allowed flows must echo such messages,
+			// each one, in order.
+			goodSent, badSent := []int64{good[0].Sent(), good[1].Sent()}, []int64{bad[0].Sent(), bad[1].Sent()}
 			for k, f := range good {
-				if goodAfter[k] <= goodBefore[k] {
-					t.Errorf("round %d: allowed %s flow stopped after the policy (echoes %d, then %d)", i, f.Proto, goodBefore[k], goodAfter[k])
-				}
-				if err := f.Err(); err != nil {
-					t.Errorf("round %d: allowed %s flow: %v", i, f.Proto, err)
+				if err := f.WaitEchoes(goodSent[k]+25, 10*time.Second); err != nil {
+					t.Errorf("round %d: allowed %s flow after the policy: %v", i, f.Proto, err)
 				}
 			}
-			for k, f := range bad {
-				switch {
-				case keep && badAfter[k] <= badBefore[k]:
-					t.Errorf("round %d: with --keep-established the denied %s flow stopped (echoes %d, then %d)", i, f.Proto, badBefore[k], badAfter[k])
-				case !keep && badAfter[k] != badBefore[k]:
-					t.Errorf("round %d: denied %s flow still echoed after the policy applied (echoes %d, then %d)", i, f.Proto, badBefore[k], badAfter[k])
+			if keep {
+				for k, f := range bad {
+					if err := f.WaitEchoes(badSent[k]+25, 10*time.Second); err != nil {
+						t.Errorf("round %d: with --keep-established, the denied %s flow: %v", i, f.Proto, err)
+					}
+				}
+			} else {
+				// The allowed flows' 25 messages took as long as a denied one's echo would.
+				time.Sleep(20 * time.Millisecond)
+				for k, f := range bad {
+					if n := f.Echoes(); n > badSent[k] {
+						t.Errorf("round %d: denied %s flow echoed message %d, written after the policy applied (%d were before)", i, f.Proto, n-1, badSent[k])
+					}
 				}
 			}
 			if err := w.sim.Apply(base...); err != nil {
