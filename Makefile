@@ -21,6 +21,7 @@ build:
 	@# whatever libc it has, and a static binary starts about 1 ms sooner (no dynamic loader).
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/netwarden-portmap ./cmd/netwarden-portmap
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/netwarden-ipmasq ./cmd/netwarden-ipmasq
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/netwarden-gate ./cmd/netwarden-gate
 
 # Kernel tests find the agent binary through NETWARDEN_BIN; API tests find kube-apiserver, etcd and
 # kubectl through KUBE_BIN_DIR (built once from Go modules, then cached by version).

@@ -18,6 +18,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/guard"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -49,6 +50,11 @@ type Config struct {
 	// PolicyCounters, when set, counts the packets each policy's rules decide and exports
 	// them as netwarden_policy_packets_total (backends that implement dataplane.PolicyCounters).
 	PolicyCounters bool
+
+	// Guard, DenyMark and GateSocket: see guarded.go.
+	Guard      guard.Guard
+	DenyMark   uint32
+	GateSocket string
 }
 
 // Agent keeps the kernel in step with the cluster.
@@ -70,6 +76,7 @@ type Agent struct {
 	drops   *dropLog // nil without DropLog, and until Run opens it
 	// applied is the Ruleset the kernel holds, for what reads the kernel's counters and logs.
 	applied atomic.Pointer[policy.Ruleset]
+	guarded
 }
 
 // New returns an Agent; call Run or Once.
@@ -99,6 +106,9 @@ func New(cfg Config) *Agent {
 	if pc, ok := cfg.Policy.(dataplane.PolicyCounters); ok && cfg.PolicyCounters {
 		pc.SetPolicyCounters(true)
 		a.metrics.registry.MustRegister(newPolicyCounterCollector(a, pc))
+	}
+	if cfg.GateSocket != "" {
+		a.gate = newGateState()
 	}
 	return a
 }
@@ -215,6 +225,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 	if a.cfg.HealthAddr != "" {
 		if err := a.serveHealth(ctx); err != nil {
+			return err
+		}
+	}
+	if a.gate != nil {
+		if err := a.serveGate(ctx); err != nil {
 			return err
 		}
 	}
@@ -357,15 +372,17 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 	start := time.Now()
 	// The snapshot's Generation and Revision are what the kernel holds once its rules apply.
 	st := a.cfg.Source.Snapshot()
-	if !full && a.inSync && a.compiler.Unchanged(st) {
+	cst := a.compileState(st)
+	if !full && a.inSync && a.compiler.Unchanged(cst) {
 		// A snapshot that moved only the source's Revision needs no compile and no kernel
 		// transaction: the rules in the kernel stand for it as they are.
+		a.unchangedSync()
 		a.policyApplied(st)
 		a.log.Debug("no change", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "objectsChanged", false)
 		return nil
 	}
 	a.inSync = false
-	rs, stats := a.compiler.Compile(st)
+	rs, stats := a.compiler.Compile(cst)
 	compiled := time.Now()
 	var res dataplane.SyncResult
 	var err error
@@ -375,6 +392,10 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 		res, err = a.cfg.Policy.Sync(ctx, rs)
 	}
 	if err != nil {
+		a.lastEvent.CompareAndSwap(0, seen)
+		return err
+	}
+	if err := a.afterSync(ctx, cst, rs, res); err != nil {
 		a.lastEvent.CompareAndSwap(0, seen)
 		return err
 	}

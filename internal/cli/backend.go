@@ -61,7 +61,7 @@ func renderPolicy(_ context.Context, name string, rs *policy.Ruleset) (string, e
 // the nftables table, and the chains, jumps and sets of both iptables variants. A backend that
 // is unavailable on this host cannot hold anything of ours and is skipped.
 func cleanupPolicy(ctx context.Context) error {
-	var errs []error
+	errs := []error{cleanupGuards(ctx, nil)}
 	if b, err := nftables.New(); err == nil {
 		if err := b.Cleanup(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("nftables: %w", err))

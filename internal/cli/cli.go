@@ -167,6 +167,7 @@ func Main(args []string) int {
 func agentCmd() *cobra.Command {
 	var f stateFlags
 	var mf masqFlags
+	var gf guardFlags
 	var once bool
 	var healthAddr string
 	var resync, compactDelay time.Duration
@@ -191,6 +192,9 @@ func agentCmd() *cobra.Command {
 			if compactDelay <= 0 {
 				return fmt.Errorf("--compact-delay must be positive, got %v", compactDelay)
 			}
+			if err := gf.check(f.networkPolicy); err != nil {
+				return err
+			}
 			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, CompactDelay: compactDelay, HealthAddr: healthAddr, Logger: log}
 			if cfg.DropLog, err = df.config(f.networkPolicy); err != nil {
 				return err
@@ -207,6 +211,10 @@ func agentCmd() *cobra.Command {
 					cfg.PolicyCounters = true
 				}
 				cfg.RetireOtherPolicyBackends = retireOtherPolicyBackends(cfg.Policy)
+				if err := gf.apply(&cfg, cfg.Policy); err != nil {
+					return err
+				}
+				cfg.RetireOtherPolicyBackends = retireOtherGuards(cfg.RetireOtherPolicyBackends, cfg.Guard)
 			} else if err := cleanupPolicy(cmd.Context()); err != nil {
 				// Turning the feature off must not leave old rules enforcing.
 				return err
@@ -231,6 +239,7 @@ func agentCmd() *cobra.Command {
 	f.register(cmd)
 	mf.register(cmd)
 	df.register(cmd)
+	gf.register(cmd)
 	cmd.Flags().BoolVar(&once, "once", false, "sync once; exit 0 when the kernel holds the desired state, non-zero otherwise")
 	cmd.Flags().StringVar(&healthAddr, "health-addr", "127.0.0.1:9491", "serve /healthz, /readyz, /status (what the kernel holds, as JSON) and /metrics on HOST:PORT or unix:PATH (empty disables)")
 	cmd.Flags().DurationVar(&resync, "resync-period", 30*time.Second, "how often to check the kernel for drift and repair it")

@@ -32,7 +32,7 @@ const (
 )
 
 // CNIPlugins are the binaries the DaemonSet's init container copies to the node.
-var CNIPlugins = []string{"netwarden-portmap", "netwarden-ipmasq"}
+var CNIPlugins = []string{"netwarden-portmap", "netwarden-ipmasq", "netwarden-gate"}
 
 // debianPackages are the roots of the Debian dependency closure. busybox-static gives the init
 // container its /bin/sh, cp, chmod and mv, and a shell for debugging, in one static binary.

@@ -61,6 +61,7 @@ func buildPlugins() (string, error) {
 		"github.com/containernetworking/plugins/plugins/ipam/host-local",
 		"github.com/netwarden/netwarden/cmd/netwarden-portmap",
 		"github.com/netwarden/netwarden/cmd/netwarden-ipmasq",
+		"github.com/netwarden/netwarden/cmd/netwarden-gate",
 	}
 	cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // static, as make build and upstream's releases build them

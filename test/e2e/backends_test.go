@@ -172,13 +172,16 @@ func ourObjects(ctx context.Context, t *testing.T, bed *testbed.Bed) []string {
 	var found []string
 	for _, mode := range []string{"nft", "legacy"} {
 		for _, cmd := range []string{"iptables-" + mode + "-save", "ip6tables-" + mode + "-save"} {
-			out, err := bed.NodeExec(ctx, cmd, "-t", "filter")
-			if err != nil {
-				t.Fatalf("%s: %v %s", cmd, err, out)
-			}
-			for _, l := range strings.Split(string(out), "\n") {
-				if strings.Contains(l, "NETWARDEN-") {
-					found = append(found, cmd+": "+l)
+			// The guard's chains are in mangle.
+			for _, table := range []string{"filter", "mangle"} {
+				out, err := bed.NodeExec(ctx, cmd, "-t", table)
+				if err != nil {
+					t.Fatalf("%s: %v %s", cmd, err, out)
+				}
+				for _, l := range strings.Split(string(out), "\n") {
+					if strings.Contains(l, "NETWARDEN-") {
+						found = append(found, cmd+" -t "+table+": "+l)
+					}
 				}
 			}
 		}
@@ -188,7 +191,7 @@ func ourObjects(ctx context.Context, t *testing.T, bed *testbed.Bed) []string {
 		t.Fatalf("ipset list: %v %s", err, out)
 	}
 	for _, n := range strings.Fields(string(out)) {
-		if strings.HasPrefix(n, "netwarden-") {
+		if strings.HasPrefix(n, "netwarden-") || strings.HasPrefix(n, "nwguard-") {
 			found = append(found, "ipset: "+n)
 		}
 	}

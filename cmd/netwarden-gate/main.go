@@ -1,0 +1,7 @@
+// Command netwarden-gate is a chained CNI plugin that returns from ADD only once the node's
+// netwarden agent has installed the pod's verdicts (see internal/gate).
+package main
+
+import "github.com/netwarden/netwarden/internal/gate"
+
+func main() { gate.Main() }

@@ -1,0 +1,76 @@
+// Package guard keeps the few rules that judge packets ahead of the NetworkPolicy rules, in
+// a table (nftables) or chains (iptables mangle) of their own so that neither backend's
+// renderer needs to know about them:
+//
+//   - the packets of every conntrack entry whose mark has the deny bit are dropped, in both
+//     directions: the agent sets the bit on the established flows a new policy denies (see
+//     agent.establishedPass for why a mark and not a delete);
+//   - with pod CIDRs given (the gate is on), a packet from or to an address of this node's pod
+//     CIDRs that the agent has no verdicts for is dropped: a pod is judged from its first
+//     packet, never let through because its rules are not there yet.
+package guard
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+)
+
+// Desired is what the guard enforces.
+type Desired struct {
+	// DenyMark is the conntrack mark bit of denied flows; 0 installs no such rule.
+	DenyMark uint32
+	// PodCIDRs are this node's pod CIDRs; empty installs no rule about unknown pods.
+	PodCIDRs []netip.Prefix
+	// Known are the local pod addresses whose verdicts the kernel holds.
+	Known []netip.Addr
+}
+
+// Guard programs a Desired into the kernel.
+type Guard interface {
+	Name() string
+	// Sync makes the kernel hold d, replacing what an earlier run left.
+	Sync(ctx context.Context, d Desired) error
+	// Cleanup removes everything the guard installed; absent rules are not an error.
+	Cleanup(ctx context.Context) error
+}
+
+func sameRules(a, b *Desired) bool {
+	return a != nil && b != nil && a.DenyMark == b.DenyMark && slices.Equal(a.PodCIDRs, b.PodCIDRs)
+}
+
+// diffAddrs returns what to add to and remove from old to get new (both sorted).
+func diffAddrs(old, cur []netip.Addr) (add, del []netip.Addr) {
+	i, j := 0, 0
+	for i < len(old) || j < len(cur) {
+		switch {
+		case i == len(old):
+			add = append(add, cur[j])
+			j++
+		case j == len(cur):
+			del = append(del, old[i])
+			i++
+		default:
+			switch c := old[i].Compare(cur[j]); {
+			case c == 0:
+				i++
+				j++
+			case c < 0:
+				del = append(del, old[i])
+				i++
+			default:
+				add = append(add, cur[j])
+				j++
+			}
+		}
+	}
+	return add, del
+}
+
+// normalize sorts and deduplicates the addresses of d.
+func normalize(d Desired) Desired {
+	d.Known = slices.Clone(d.Known)
+	slices.SortFunc(d.Known, netip.Addr.Compare)
+	d.Known = slices.Compact(d.Known)
+	return d
+}

@@ -1,0 +1,202 @@
+package guard
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/netwarden/netwarden/internal/xtables"
+)
+
+// The guard's chains in the mangle table, jumped to first from PREROUTING and FORWARD, apart
+// from the NetworkPolicy chains of the filter table, whose clean-up never meets them.
+const (
+	IPTablesChain        = "NETWARDEN-GUARD"
+	IPTablesForwardChain = "NETWARDEN-GUARD-FWD"
+)
+
+// IPSetPrefix names the guard's ipsets, apart from the NetworkPolicy backend's netwarden-*
+// sets, which that backend destroys whole on clean-up.
+const IPSetPrefix = "nwguard-"
+
+// IPTables is the guard for the iptables backend.
+type IPTables struct {
+	run     *xtables.Runner
+	applied *Desired
+	// KeepSets leaves the ipsets to Cleanup, for retiring one variant's chains while the
+	// other variant's guard uses the sets (ipsets are shared by both variants).
+	KeepSets bool
+}
+
+// NewIPTables returns the guard for one iptables variant.
+func NewIPTables(r *xtables.Runner) *IPTables { return &IPTables{run: r} }
+
+func (g *IPTables) Name() string { return "iptables-" + string(g.run.Mode) }
+
+func ipsetName(kind string, fam xtables.Family) string {
+	if fam == xtables.IPv6 {
+		return IPSetPrefix + kind + "6"
+	}
+	return IPSetPrefix + kind + "4"
+}
+
+func famOf(a netip.Addr) xtables.Family {
+	if a.Is6() {
+		return xtables.IPv6
+	}
+	return xtables.IPv4
+}
+
+// Sync implements Guard. A change of known pods only adds and removes set members.
+func (g *IPTables) Sync(ctx context.Context, d Desired) error {
+	d = normalize(d)
+	if sameRules(g.applied, &d) {
+		add, del := diffAddrs(g.applied.Known, d.Known)
+		if len(add)+len(del) == 0 {
+			return nil
+		}
+		var script bytes.Buffer
+		for _, a := range del {
+			fmt.Fprintf(&script, "del %s %s -exist\n", ipsetName("known", famOf(a)), a)
+		}
+		for _, a := range add {
+			fmt.Fprintf(&script, "add %s %s -exist\n", ipsetName("known", famOf(a)), a)
+		}
+		if err := xtables.IPSetRestore(ctx, script.Bytes()); err != nil {
+			g.applied = nil
+			return fmt.Errorf("guard: %w", err)
+		}
+		g.applied = &d
+		return nil
+	}
+	g.applied = nil
+	if err := g.writeSets(ctx, d); err != nil {
+		return err
+	}
+	for _, fam := range xtables.Families {
+		var in bytes.Buffer
+		fmt.Fprintf(&in, "*mangle\n:%s - [0:0]\n:%s - [0:0]\n", IPTablesChain, IPTablesForwardChain)
+		if d.DenyMark != 0 {
+			fmt.Fprintf(&in, "-A %s -m connmark --mark 0x%x/0x%x -m comment --comment \"an established flow a policy now denies\" -j DROP\n",
+				IPTablesChain, d.DenyMark, d.DenyMark)
+		}
+		if hasFamily(d.PodCIDRs, fam == xtables.IPv6) {
+			cidr, known := ipsetName("cidr", fam), ipsetName("known", fam)
+			fmt.Fprintf(&in, "-A %s -m set --match-set %s src -m set ! --match-set %s src -m comment --comment \"from a local pod without verdicts yet\" -j DROP\n",
+				IPTablesChain, cidr, known)
+			fmt.Fprintf(&in, "-A %s -m set --match-set %s dst -m set ! --match-set %s dst -m comment --comment \"to a local pod without verdicts yet\" -j DROP\n",
+				IPTablesForwardChain, cidr, known)
+		}
+		in.WriteString("COMMIT\n")
+		if err := g.run.Restore(ctx, fam, in.Bytes()); err != nil {
+			return fmt.Errorf("guard: %w", err)
+		}
+		// The jumps go first, ahead of anything that could accept the packet.
+		for _, j := range [][2]string{{"PREROUTING", IPTablesChain}, {"FORWARD", IPTablesForwardChain}} {
+			if _, err := g.run.Run(ctx, fam, "-t", "mangle", "-C", j[0], "-j", j[1]); err != nil {
+				if _, err := g.run.Run(ctx, fam, "-t", "mangle", "-I", j[0], "1", "-j", j[1]); err != nil {
+					return fmt.Errorf("guard: %w", err)
+				}
+			}
+		}
+	}
+	g.applied = &d
+	return nil
+}
+
+// writeSets makes the sets hold d, each replaced whole by a swap so that no packet meets a set
+// half filled.
+func (g *IPTables) writeSets(ctx context.Context, d Desired) error {
+	var script bytes.Buffer
+	for _, fam := range xtables.Families {
+		family := "inet"
+		if fam == xtables.IPv6 {
+			family = "inet6"
+		}
+		for _, kind := range []string{"known", "cidr"} {
+			typ := "hash:ip"
+			if kind == "cidr" {
+				typ = "hash:net"
+			}
+			name, tmp := ipsetName(kind, fam), ipsetName(kind, fam)+"-tmp"
+			fmt.Fprintf(&script, "create %s %s family %s -exist\n", name, typ, family)
+			fmt.Fprintf(&script, "create %s %s family %s -exist\nflush %s\n", tmp, typ, family, tmp)
+			if kind == "known" {
+				for _, a := range d.Known {
+					if famOf(a) == fam {
+						fmt.Fprintf(&script, "add %s %s\n", tmp, a)
+					}
+				}
+			} else {
+				for _, p := range d.PodCIDRs {
+					if famOf(p.Addr()) == fam {
+						fmt.Fprintf(&script, "add %s %s\n", tmp, p.Masked())
+					}
+				}
+			}
+			fmt.Fprintf(&script, "swap %s %s\ndestroy %s\n", tmp, name, tmp)
+		}
+	}
+	if err := xtables.IPSetRestore(ctx, script.Bytes()); err != nil {
+		return fmt.Errorf("guard: %w", err)
+	}
+	return nil
+}
+
+// ErrUnusable is what Cleanup returns when the variant's commands do not work here, so
+// nothing of ours can be there either.
+var ErrUnusable = errors.New("iptables variant not usable")
+
+// Cleanup implements Guard.
+func (g *IPTables) Cleanup(ctx context.Context) error {
+	g.applied = nil
+	var errs []error
+	for _, fam := range xtables.Families {
+		out, err := g.run.Save(ctx, fam, "mangle")
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrUnusable, err))
+			continue
+		}
+		for _, j := range [][2]string{{"PREROUTING", IPTablesChain}, {"FORWARD", IPTablesForwardChain}} {
+			for n := strings.Count(string(out), "-A "+j[0]+" -j "+j[1]+"\n"); n > 0; n-- {
+				if _, err := g.run.Run(ctx, fam, "-t", "mangle", "-D", j[0], "-j", j[1]); err != nil {
+					errs = append(errs, err)
+					break
+				}
+			}
+		}
+		var in bytes.Buffer
+		in.WriteString("*mangle\n")
+		for _, c := range []string{IPTablesChain, IPTablesForwardChain} {
+			if strings.Contains(string(out), ":"+c+" ") {
+				fmt.Fprintf(&in, ":%s - [0:0]\n-X %s\n", c, c)
+			}
+		}
+		in.WriteString("COMMIT\n")
+		if in.Len() > len("*mangle\nCOMMIT\n") {
+			if err := g.run.Restore(ctx, fam, in.Bytes()); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil || g.KeepSets {
+		return err
+	}
+	names, err := xtables.IPSetNames(ctx)
+	if err != nil {
+		return nil // no ipset here, so no sets of ours either
+	}
+	var script bytes.Buffer
+	for _, n := range names {
+		if strings.HasPrefix(n, IPSetPrefix) {
+			fmt.Fprintf(&script, "destroy %s\n", n)
+		}
+	}
+	if script.Len() == 0 {
+		return nil
+	}
+	return xtables.IPSetRestore(ctx, script.Bytes())
+}
