@@ -309,6 +309,28 @@ func (s *Sim) Log() string {
 	return s.log.String()
 }
 
+// WaitLogged waits until the agent's log holds every one of want, and returns the first of
+// them still missing at the deadline ("" when all arrived). The status can report an event
+// before the agent's line about it has come through the pipe, so a check that follows a
+// status wait must not read the log only once.
+func (s *Sim) WaitLogged(timeout time.Duration, want ...string) string {
+	deadline := time.Now().Add(timeout)
+	for {
+		log := s.Log()
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(log, w) {
+				missing = w
+				break
+			}
+		}
+		if missing == "" || time.Now().After(deadline) {
+			return missing
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // StatusSocket is the unix socket the agent started by StartAgent serves its health
 // endpoints on.
 func (s *Sim) StatusSocket() string { return filepath.Join(s.sockDir, "agent.sock") }

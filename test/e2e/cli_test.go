@@ -173,7 +173,7 @@ func TestHealthAndMetrics(t *testing.T) {
 		if want := fmt.Sprintf(`netwarden_applied_generation{feature="network-policy"} %d`, gen); !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
-		if want := fmt.Sprintf("msg=synced backend=%s generation=%d ", be.name, gen); !strings.Contains(w.sim.Log(), want) {
+		if want := fmt.Sprintf("msg=synced backend=%s generation=%d ", be.name, gen); w.sim.WaitLogged(10*time.Second, want) != "" {
 			t.Errorf("no %q in the log:\n%s", want, tail(w.sim.Log(), 10))
 		}
 		if got := st.NetworkPolicy.Revision.Files["cluster.yaml"]; got != w.sim.Written()["cluster.yaml"] || got == "" {

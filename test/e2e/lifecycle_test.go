@@ -175,7 +175,7 @@ func TestRestartDriftAndBadInput(t *testing.T) {
 		breakAllowChain(t, w)
 		waitRepaired(t, w, repairs)
 		w.check(t, "after the chain was flushed")
-		if !strings.Contains(w.sim.Log(), "repairing kernel state") {
+		if w.sim.WaitLogged(10*time.Second, "repairing kernel state") != "" {
 			t.Fatal("agent did not log the repair")
 		}
 
@@ -193,8 +193,8 @@ func TestRestartDriftAndBadInput(t *testing.T) {
 		if err := w.sim.WaitApplied(15 * time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if log := w.sim.Log(); !strings.Contains(log, "cluster.yaml") || !strings.Contains(log, "bogusField") {
-			t.Fatalf("the broken file was read but its error not reported:\n%s", tail(log, 20))
+		if w.sim.WaitLogged(10*time.Second, "cluster.yaml", "bogusField") != "" {
+			t.Fatalf("the broken file was read but its error not reported:\n%s", tail(w.sim.Log(), 20))
 		}
 		w.check(t, "after a broken file")
 
@@ -207,7 +207,7 @@ func TestRestartDriftAndBadInput(t *testing.T) {
 		if err := w.sim.WaitApplied(15 * time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(w.sim.Log(), "70000") {
+		if w.sim.WaitLogged(10*time.Second, "70000") != "" {
 			t.Fatalf("the invalid policy was read but not reported:\n%s", tail(w.sim.Log(), 20))
 		}
 		w.policies["x/allow-b"] = withIngress(netpol("x", "allow-b", sel("pod", "b")), from(peers(podPeer(selp("pod", "a")))))

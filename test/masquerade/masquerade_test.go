@@ -218,14 +218,11 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// requireLogged checks that the agent's log holds every one of want.
+// requireLogged checks that the agent's log comes to hold every one of want.
 func requireLogged(t *testing.T, sim *simnode.Sim, what string, want ...string) {
 	t.Helper()
-	log := sim.Log()
-	for _, w := range want {
-		if !strings.Contains(log, w) {
-			t.Fatalf("agent never logged %s (%q):\n%s", what, w, lastLines(log, 20))
-		}
+	if missing := sim.WaitLogged(10*time.Second, want...); missing != "" {
+		t.Fatalf("agent never logged %s (%q):\n%s", what, missing, lastLines(sim.Log(), 20))
 	}
 }
 
