@@ -192,9 +192,10 @@ type plan struct {
 	elems              []elementChange
 	goneChains         []string
 	goneSets           []string
-	// interval is set when an interval set is created or changes; nft splits ranges for
-	// the kernel, so such a plan goes through the CLI.
-	interval bool
+	// intervalChanged is set when an existing interval set gains or loses elements. Only
+	// new interval sets are encoded for netlink (ipBlock sets are named by their content, so
+	// an existing one never changes); a change to one goes through the CLI.
+	intervalChanged bool
 }
 
 func (p *plan) empty() bool {
@@ -222,7 +223,6 @@ func diff(old, new *Rendered) *plan {
 		o, ok := old.Sets[name]
 		if !ok {
 			p.newSets = append(p.newSets, name)
-			p.interval = p.interval || s.interval
 		}
 		if s != o { // the renderer returns the same pointer for unchanged content
 			changedSets = append(changedSets, name)
@@ -246,8 +246,9 @@ func diff(old, new *Rendered) *plan {
 	for _, name := range changedSets {
 		s := new.Sets[name]
 		n := len(p.elems)
-		p.elems = diffElements(p.elems, name, s, old.Sets[name])
-		p.interval = p.interval || (s.interval && len(p.elems) > n)
+		o := old.Sets[name]
+		p.elems = diffElements(p.elems, name, s, o)
+		p.intervalChanged = p.intervalChanged || (s.interval && o != nil && len(p.elems) > n)
 	}
 	for name := range old.Chains {
 		if _, ok := new.Chains[name]; !ok {
@@ -300,14 +301,19 @@ func (p *plan) writeTx(tx *knftables.Transaction, old, new *Rendered) {
 	}
 }
 
-// netlinkable reports whether the whole plan can go over netlink: no interval set contents,
-// no new maps, and rewritten chains only of the kinds that exist in structured form.
+// netlinkable reports whether the whole plan can go over netlink: no change to an existing
+// interval set, new interval sets only of ranges netlink can write as nft does, no new maps,
+// and rewritten chains only of the kinds that exist in structured form.
 func (p *plan) netlinkable(new *Rendered) bool {
-	if p.interval {
+	if p.intervalChanged {
 		return false
 	}
 	for _, name := range p.newSets {
-		if s := new.Sets[name]; s.isMap || s.interval {
+		s := new.Sets[name]
+		if s.isMap {
+			return false
+		}
+		if _, err := newIntervalElements(s); s.interval && err != nil {
 			return false
 		}
 	}

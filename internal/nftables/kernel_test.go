@@ -201,6 +201,11 @@ func testNetlinkAndCLI(t *testing.T, log *dataplane.DropLog) {
 					From: []networkingv1.NetworkPolicyPeer{
 						{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"x": "y"}}},
 						{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:1::/64", Except: []string{"fd00:1::/80"}}},
+						// New ipBlocks: new interval sets, written over netlink as nft writes them
+						// (a gap, adjacent ranges, a single address).
+						{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.0/24", Except: []string{"192.0.2.64/26"}}},
+						{IPBlock: &networkingv1.IPBlock{CIDR: "198.51.100.7/32"}},
+						{IPBlock: &networkingv1.IPBlock{CIDR: "2001:db8::/32", Except: []string{"2001:db8::/34"}}},
 					},
 					Ports: []networkingv1.NetworkPolicyPort{
 						{Protocol: &udp, Port: &intstr.IntOrString{IntVal: 53}},
@@ -228,7 +233,7 @@ func testNetlinkAndCLI(t *testing.T, log *dataplane.DropLog) {
 		if res, err := b.Sync(ctx, rs2); err != nil || res.Full {
 			t.Fatalf("netlink sync: %+v %v (a full sync means the netlink batch failed)", res, err)
 		}
-		viaNetlink, viaNetlinkExprs := listCanonical(t), ruleExprs(t)
+		viaNetlink, viaNetlinkExprs, viaNetlinkElems := listCanonical(t), ruleExprs(t), setElements(t)
 		if hasLog := strings.Contains(viaNetlinkExprs, "[ log prefix nw:g-") && strings.Contains(viaNetlinkExprs, "[ counter "); hasLog != (log != nil) {
 			t.Fatalf("log expressions present: %v, want %v:\n%s", hasLog, log != nil, viaNetlinkExprs)
 		}
@@ -246,6 +251,13 @@ func testNetlinkAndCLI(t *testing.T, log *dataplane.DropLog) {
 		// expressions must be the same as well.
 		if viaCLIExprs := ruleExprs(t); viaNetlinkExprs != viaCLIExprs {
 			t.Fatalf("rule expressions differ.\nnetlink:\n%s\nnft:\n%s", viaNetlinkExprs, viaCLIExprs)
+		}
+		// Nor does it show how an interval set's ranges are stored.
+		if viaCLIElems := setElements(t); viaNetlinkElems != viaCLIElems {
+			t.Fatalf("set elements differ.\nnetlink:\n%s\nnft:\n%s", viaNetlinkElems, viaCLIElems)
+		}
+		if !strings.Contains(viaNetlinkElems, "element 000200c0 : 0 [end]") {
+			t.Fatalf("the new ipBlock set is missing from the kernel's elements:\n%s", viaNetlinkElems)
 		}
 		// And back: removing the policy over netlink leaves what a full sync leaves.
 		if res, err := b.Sync(ctx, rs); err != nil || res.Full {
@@ -297,6 +309,35 @@ func ruleExprs(t *testing.T) string {
 	var blocks []string
 	for _, name := range slices.Sorted(maps.Keys(chains)) {
 		blocks = append(blocks, name+":\n"+strings.Join(chains[name], "\n--\n"))
+	}
+	return strings.Join(blocks, "\n\n")
+}
+
+// setElements lists the kernel elements of every set and map in the table (key, flags, data)
+// from nft's netlink debug output, by set name, each set's elements sorted.
+func setElements(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("nft", "--debug=netlink", "list", "table", "inet", TableName).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	sets := map[string][]string{}
+	var set string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 3 && f[0] == "inet" && f[1] == TableName && strings.HasPrefix(f[2], "@"):
+			set = f[2]
+		case set != "" && len(f) > 0 && f[0] == "element":
+			sets[set] = append(sets[set], strings.Join(f, " "))
+		default:
+			set = ""
+		}
+	}
+	var blocks []string
+	for _, name := range slices.Sorted(maps.Keys(sets)) {
+		slices.Sort(sets[name])
+		blocks = append(blocks, name+":\n"+strings.Join(sets[name], "\n"))
 	}
 	return strings.Join(blocks, "\n\n")
 }

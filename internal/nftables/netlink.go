@@ -3,6 +3,7 @@ package nftables
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -45,7 +46,7 @@ func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 		gs := &gnft.Set{Table: table, Name: name, KeyType: kt, Concatenation: strings.Contains(s.typ, " . "),
-			IsMap: s.isMap, Comment: s.comment}
+			IsMap: s.isMap, Interval: s.interval, Comment: s.comment}
 		if s.isMap {
 			gs.DataType = gnft.TypeVerdict
 		}
@@ -53,11 +54,20 @@ func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 		return gs, nil
 	}
 	for _, name := range p.newSets {
-		gs, err := setFor(name, new.Sets[name])
+		s := new.Sets[name]
+		gs, err := setFor(name, s)
 		if err != nil {
 			return err
 		}
-		if err := conn.AddSet(gs, nil); err != nil {
+		var elems []gnft.SetElement
+		if s.interval {
+			// A new interval set comes with all its ranges; the plan's per-element changes
+			// of it are skipped below.
+			if elems, err = newIntervalElements(s); err != nil {
+				return fmt.Errorf("set %s: %w", name, err)
+			}
+		}
+		if err := conn.AddSet(gs, elems); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
 	}
@@ -87,7 +97,7 @@ func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 		batches := map[string][]gnft.SetElement{}
 		var order []string
 		for _, ch := range p.elems {
-			if ch.delete != del {
+			if ch.delete != del || new.Sets[ch.set] != nil && new.Sets[ch.set].interval {
 				continue
 			}
 			el, err := ch.setElement()
@@ -128,6 +138,77 @@ func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 		conn.DelSet(&gnft.Set{Table: table, Name: name})
 	}
 	return nil
+}
+
+// newIntervalElements encodes the content of a new interval set as nft writes it when it
+// creates a set with elements: an interval-end element at the zero address unless the first
+// range starts there, then each range's start and the interval-end just past it, in key
+// order with an end before a start at the same key (adjacent ranges stay separate, as nft
+// without auto-merge keeps them). A range reaching the family's highest address is refused:
+// nft marks it open in element user data, which netlink here does not write.
+func newIntervalElements(s *set) ([]gnft.SetElement, error) {
+	type bound struct {
+		addr netip.Addr
+		end  bool
+	}
+	var bounds []bound
+	zero := netip.IPv4Unspecified()
+	if s.typ == "ipv6_addr" {
+		zero = netip.IPv6Unspecified()
+	}
+	for key := range s.elements() {
+		pfx, err := netip.ParsePrefix(key)
+		if err != nil {
+			a, aerr := netip.ParseAddr(key)
+			if aerr != nil {
+				return nil, fmt.Errorf("element %q is neither an address nor a prefix", key)
+			}
+			pfx = netip.PrefixFrom(a, a.BitLen())
+		}
+		first := pfx.Masked().Addr()
+		last := lastAddr(pfx)
+		next := last.Next()
+		if !next.IsValid() {
+			return nil, fmt.Errorf("element %q reaches the highest address", key)
+		}
+		bounds = append(bounds, bound{first, false}, bound{next, true})
+	}
+	slices.SortFunc(bounds, func(a, b bound) int {
+		if c := a.addr.Compare(b.addr); c != 0 {
+			return c
+		}
+		if a.end == b.end {
+			return 0
+		}
+		if a.end {
+			return -1
+		}
+		return 1
+	})
+	for i := 1; i < len(bounds); i++ {
+		// Sorted starts and ends must alternate, or two ranges overlap.
+		if bounds[i].end == bounds[i-1].end {
+			return nil, fmt.Errorf("ranges overlap at %s", bounds[i].addr)
+		}
+	}
+	var out []gnft.SetElement
+	if len(bounds) > 0 && bounds[0].addr != zero {
+		out = append(out, gnft.SetElement{Key: zero.AsSlice(), IntervalEnd: true})
+	}
+	for _, b := range bounds {
+		out = append(out, gnft.SetElement{Key: b.addr.AsSlice(), IntervalEnd: b.end})
+	}
+	return out, nil
+}
+
+// lastAddr is the highest address of a prefix.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 func (ch elementChange) setElement() (gnft.SetElement, error) {

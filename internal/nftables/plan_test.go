@@ -64,3 +64,48 @@ func TestWholeGroupChangesKeepDispatch(t *testing.T) {
 		prev = next
 	}
 }
+
+// TestNewIntervalSetsOverNetlink: a new ipBlock set goes over netlink unless one of its
+// ranges reaches the family's highest address (nft marks that one open in user data) or two
+// ranges overlap; a change to an existing interval set never does.
+func TestNewIntervalSetsOverNetlink(t *testing.T) {
+	for _, tc := range []struct {
+		typ   string
+		elems []string
+		ok    bool
+	}{
+		{"ipv4_addr", []string{"10.0.0.0/8", "192.0.2.0/25", "192.0.2.128/25", "198.51.100.7"}, true},
+		{"ipv6_addr", []string{"2001:db8::/33", "::/8"}, true},
+		{"ipv4_addr", []string{"128.0.0.0/1"}, false},
+		{"ipv6_addr", []string{"ff00::/8"}, false},
+		{"ipv4_addr", []string{"10.0.0.0/8", "10.1.0.0/16"}, false},
+	} {
+		elems := map[string]string{}
+		for _, e := range tc.elems {
+			elems[e] = ""
+		}
+		s := newSet(tc.typ, "ipBlock", elems)
+		s.interval = true
+		next := &Rendered{Sets: map[string]*set{"cidr-x": s}, Chains: map[string]*chain{}}
+		p := diff(&Rendered{Sets: map[string]*set{}, Chains: map[string]*chain{}}, next)
+		if got := p.netlinkable(next); got != tc.ok {
+			t.Errorf("new set %v: netlinkable %v, want %v", tc.elems, got, tc.ok)
+		}
+		if !tc.ok {
+			continue
+		}
+		grown := map[string]string{"203.0.113.0/24": ""}
+		if tc.typ == "ipv6_addr" {
+			grown = map[string]string{"3fff::/20": ""}
+		}
+		for e := range elems {
+			grown[e] = ""
+		}
+		g := newSet(tc.typ, "ipBlock", grown)
+		g.interval = true
+		after := &Rendered{Sets: map[string]*set{"cidr-x": g}, Chains: map[string]*chain{}}
+		if p := diff(next, after); p.netlinkable(after) {
+			t.Errorf("a change to the existing set %v went over netlink", tc.elems)
+		}
+	}
+}
