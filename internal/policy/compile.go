@@ -3,6 +3,7 @@ package policy
 import (
 	"crypto/sha256"
 	"encoding/base32"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -64,6 +65,23 @@ type Compiler struct {
 	localGen uint64
 
 	groupNames map[string]*groupNamer // per dispatch map, see groupNamer
+
+	// np is the NetworkPolicy part of the previous result, which a compile whose only
+	// changes are to ClusterNetworkPolicies takes over instead of recomputing.
+	np *networkPolicyPart
+}
+
+// networkPolicyPart is what the NetworkPolicies of a snapshot contribute to a Ruleset. Its
+// maps are shared with the Rulesets it went into, which nothing writes after Compile.
+type networkPolicyPart struct {
+	dispatch            map[Direction]map[netip.Addr]string
+	groups              map[string]Group
+	policies            map[string]*PolicyRules
+	cidrSets            map[string]*CIDRSet
+	addrDefs            map[string]addrSetDef
+	namedDefs           map[string]namedSetDef
+	localPods           int
+	selecting, isolated int
 }
 
 // NewCompiler returns a Compiler for node.
@@ -132,10 +150,11 @@ func (cc *Compiler) Unchanged(st *cluster.State) bool {
 
 // Compile computes the desired Ruleset for the compiler's node from st.
 func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
-	cc.sels.rotate()
 	var stats Stats
 	var changes []podChange
 	var nsChanged bool
+	// onlyClusterPolicies: nothing a NetworkPolicy verdict depends on changed.
+	onlyClusterPolicies := false
 	switch ch := st.Changes; {
 	case st.Generation != 0 && st.Generation == cc.gen:
 		// The same snapshot again (a resync without events): nothing changed.
@@ -145,10 +164,17 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 			nsChanged = cc.diffNamespaces(st)
 		}
 		cc.updatePolicyKeys(st, ch.Policies)
+		onlyClusterPolicies = len(changes) == 0 && !nsChanged && len(ch.Policies) == 0 && len(ch.Nodes) == 0
 	default:
 		changes = cc.diffPods(st)
 		nsChanged = cc.diffNamespaces(st)
 		cc.indexPolicies(st)
+	}
+	reuseNP := onlyClusterPolicies && cc.np != nil
+	if !reuseNP {
+		// A compile that takes over the NetworkPolicy part uses none of its selectors;
+		// rotating would drop them all from the cache.
+		cc.sels.rotate()
 	}
 	cc.gen = st.Generation
 	stats.ChangedPods = len(changes)
@@ -160,15 +186,42 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 	if l := cc.last; l != nil {
 		// Presized like the previous result: a compile then allocates its maps once
 		// instead of growing them, which is most of its garbage.
-		rs.Dispatch[Ingress] = make(map[netip.Addr]string, len(l.Dispatch[Ingress]))
-		rs.Dispatch[Egress] = make(map[netip.Addr]string, len(l.Dispatch[Egress]))
-		rs.Groups = make(map[string]Group, len(l.Groups))
-		rs.Policies = make(map[string]*PolicyRules, len(l.Policies))
 		rs.AddrSets = make(map[string]*AddrSet, len(l.AddrSets))
 		rs.CIDRSets = make(map[string]*CIDRSet, len(l.CIDRSets))
 		rs.NamedPortSets = make(map[string]*NamedPortSet, len(l.NamedPortSets))
 	}
+	if !reuseNP {
+		cc.np = cc.compileNetworkPolicies(cc.last)
+	}
 	cc.last = rs
+	np := cc.np
+	rs.Dispatch, rs.Groups, rs.Policies = np.dispatch, np.groups, np.policies
+	maps.Copy(rs.CIDRSets, np.cidrSets)
+	stats.LocalPods, stats.PoliciesSelecting, stats.IsolatedPods = np.localPods, np.selecting, np.isolated
+	// The ClusterNetworkPolicies add their sets to copies: the part keeps only its own.
+	addrDefs, namedDefs := np.addrDefs, np.namedDefs
+	if len(st.ClusterPolicies) > 0 {
+		addrDefs, namedDefs = maps.Clone(addrDefs), maps.Clone(namedDefs)
+	}
+	cc.compileClusterPolicies(st, rs, &stats, addrDefs, namedDefs)
+	stats.RecomputedSets = cc.updateSets(rs, addrDefs, namedDefs, changes, nsChanged)
+	return rs, stats
+}
+
+// compileNetworkPolicies computes the NetworkPolicy part of a Ruleset: dispatch, groups,
+// policy chains, ipBlock sets and the peer sets they need. prev is the previous result, whose
+// sizes the part's maps are allocated with.
+func (cc *Compiler) compileNetworkPolicies(prev *Ruleset) *networkPolicyPart {
+	rs := NewRuleset()
+	if l := prev; l != nil {
+		// Presized like the previous result: a compile then allocates its maps once
+		// instead of growing them, which is most of its garbage.
+		rs.Dispatch[Ingress] = make(map[netip.Addr]string, len(l.Dispatch[Ingress]))
+		rs.Dispatch[Egress] = make(map[netip.Addr]string, len(l.Dispatch[Egress]))
+		rs.Groups = make(map[string]Group, len(l.Groups))
+		rs.Policies = make(map[string]*PolicyRules, len(l.Policies))
+	}
+	var stats Stats
 	localByNS := map[string][]*podInfo{}
 	for _, pi := range cc.local {
 		localByNS[pi.pod.Namespace] = append(localByNS[pi.pod.Namespace], pi)
@@ -244,9 +297,8 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 			return groupName(dir, chains)
 		})
 	}
-	cc.compileClusterPolicies(st, rs, &stats, addrDefs, namedDefs)
-	stats.RecomputedSets = cc.updateSets(rs, addrDefs, namedDefs, changes, nsChanged)
-	return rs, stats
+	return &networkPolicyPart{dispatch: rs.Dispatch, groups: rs.Groups, policies: rs.Policies, cidrSets: rs.CIDRSets,
+		addrDefs: addrDefs, namedDefs: namedDefs, localPods: stats.LocalPods, selecting: stats.PoliciesSelecting, isolated: stats.IsolatedPods}
 }
 
 // dispatch maps the IPs of each local pod in byPod (pod key -> the chains judging it, in

@@ -29,7 +29,7 @@ func TestIncrementalCompileEqualsFresh(t *testing.T) {
 }
 
 func testIncrementalCompile(t *testing.T, numbered bool) {
-	spec := synth.Spec{Namespaces: 12, Pods: 80, LocalPods: 15, Policies: 60, LocalNode: "node-0", Nodes: 3, DualStack: true,
+	spec := synth.Spec{Namespaces: 12, Pods: 80, LocalPods: 15, Policies: 60, ClusterPolicies: 20, LocalNode: "node-0", Nodes: 3, DualStack: true,
 		LocalCIDRv4: synth.Default().LocalCIDRv4, RemoteCIDRv4: synth.Default().RemoteCIDRv4}
 	st := synth.Generate(spec)
 	r := rand.New(rand.NewPCG(1, 2))
@@ -55,7 +55,7 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 		next := st.Clone()
 		keys := podKeys(next)
 		what := ""
-		switch r.IntN(10) {
+		switch r.IntN(13) {
 		case 0: // relabel a pod
 			k := keys[r.IntN(len(keys))]
 			p := next.Pods[k].DeepCopy()
@@ -124,6 +124,25 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 			}
 			next.Pods[cluster.Key(src.Namespace, src.Name)] = src
 			what = "add implied " + src.Namespace + "/" + src.Name
+		case 10: // add a ClusterNetworkPolicy: only the tiers change
+			cnp := synth.ClusterPolicy(r.IntN(200))
+			cnp.Name = fmt.Sprintf("new-%d", step)
+			next.ClusterPolicies[cnp.Name] = cnp
+			what = "add cnp " + cnp.Name
+		case 11: // delete a ClusterNetworkPolicy
+			for k := range next.ClusterPolicies {
+				delete(next.ClusterPolicies, k)
+				what = "delete cnp " + k
+				break
+			}
+		case 12: // move a ClusterNetworkPolicy in its tier
+			for k, cnp := range next.ClusterPolicies {
+				cnp = cnp.DeepCopy()
+				cnp.Spec.Priority = int32(r.IntN(1001))
+				next.ClusterPolicies[k] = cnp
+				what = "reprioritize cnp " + k
+				break
+			}
 		}
 		if numbered {
 			cluster.NumberAfter(next, st)
