@@ -65,7 +65,7 @@ push:
 	@test -n "$(REGISTRY)" || { echo "make push: set REGISTRY, such as REGISTRY=ghcr.io/me" >&2; exit 1; }
 	SOURCE_DATE_EPOCH=$(IMAGE_EPOCH) $(GO) run ./cmd/netwarden-image $(IMAGE_FLAGS) --push $(REGISTRY)/netwarden:$(IMAGE_TAG)
 
-# kube-apiserver and etcd for the integration tests (internal/kubetest), built from Go modules and
+# kube-apiserver and etcd for the integration tests (internal/testkit/kubetest), built from Go modules and
 # cached by version (a second run is instant). The last line printed is their directory: tests find
 # them through KUBE_BIN_DIR="$(hack/kube-binaries.sh | tail -n1)".
 .PHONY: kube-binaries

@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/netwarden/netwarden/internal/nftnl"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 )
 
 // TestDelete creates UDP conntrack entries over loopback in a fresh network namespace (IPv4
@@ -31,7 +31,7 @@ func TestDelete(t *testing.T) {
 }
 
 func testDelete(t *testing.T, path string, del func(*nftnl.Raw, []Match) error) {
-	testbed.InFreshNetNS(t, func() {
+	kerneltest.InFreshNetNS(t, func() {
 		for _, args := range [][]string{
 			{"ip", "link", "set", "lo", "up"},
 			// Conntrack tracks a namespace's packets only once a rule there uses it.

@@ -18,9 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/simnode"
 	"github.com/netwarden/netwarden/internal/source/manifests"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // Run executes the demo, writing a report for a person to out. It checks every verdict it

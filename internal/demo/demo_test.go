@@ -7,13 +7,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
 )
 
 // TestDemo runs `make demo`'s job on the shipped examples: every verdict it probes must be the
 // expected one, and the report says so.
 func TestDemo(t *testing.T) {
-	simnode.RequireKernel(t)
+	kerneltest.RequireAgent(t, simnode.AgentBinary)
 	bin, err := simnode.AgentBinary()
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +50,7 @@ func TestDemo(t *testing.T) {
 // TestDemoFailsOnDifference runs the demo with one expected verdict flipped: it must fail,
 // naming the pair, and mark the cell.
 func TestDemoFailsOnDifference(t *testing.T) {
-	simnode.RequireKernel(t)
+	kerneltest.RequireAgent(t, simnode.AgentBinary)
 	bin, err := simnode.AgentBinary()
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 
@@ -26,7 +26,7 @@ var modes = []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy}
 // never touch the host.
 func inFreshNetNS(t *testing.T, fn func()) {
 	t.Helper()
-	testbed.InFreshNetNS(t, fn, "ipset", "iptables-nft-restore", "iptables-legacy-restore", "ip6tables-nft-restore", "ip6tables-legacy-restore")
+	kerneltest.InFreshNetNS(t, fn, "ipset", "iptables-nft-restore", "iptables-legacy-restore", "ip6tables-nft-restore", "ip6tables-legacy-restore")
 }
 
 func run(t *testing.T, name string, args ...string) string {

@@ -14,7 +14,8 @@ import (
 
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 
@@ -29,7 +30,7 @@ type tierBed struct {
 }
 
 func newTierBed(t *testing.T, mode xtables.Mode) *tierBed {
-	testbed.RequireKernel(t, "ip", "ipset", "iptables-"+string(mode)+"-restore", "ip6tables-"+string(mode)+"-restore")
+	kerneltest.Require(t, "ip", "ipset", "iptables-"+string(mode)+"-restore", "ip6tables-"+string(mode)+"-restore")
 	bed, err := testbed.New(testbed.Config{IPv4: true, IPv6: true, TCPPorts: []uint16{80, 81, 8080}, UDPPorts: []uint16{80}, SCTPPorts: []uint16{}})
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,7 @@ package masquerade
 import (
 	"context"
 	"fmt"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 	"net/netip"
 	"os/exec"
 	"slices"
@@ -19,7 +19,7 @@ import (
 // inFreshNetNS runs fn in a new, empty network namespace (see testbed.InFreshNetNS).
 func inFreshNetNS(t testing.TB, fn func()) {
 	t.Helper()
-	testbed.InFreshNetNS(t, fn, "nft", "iptables-nft-restore", "iptables-legacy-restore", "ipset")
+	kerneltest.InFreshNetNS(t, fn, "nft", "iptables-nft-restore", "iptables-legacy-restore", "ipset")
 }
 
 type backendCase struct {

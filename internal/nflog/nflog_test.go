@@ -11,13 +11,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 )
 
 // TestReceive logs UDP packets over loopback of both families to a group and reads them
 // back: prefix, addresses, protocol and ports as sent, and nothing from another group.
 func TestReceive(t *testing.T) {
-	testbed.InFreshNetNS(t, func() {
+	kerneltest.InFreshNetNS(t, func() {
 		if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}

@@ -2,7 +2,7 @@ package nftables
 
 import (
 	"context"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 	"maps"
 	"net/netip"
 	"os/exec"
@@ -24,7 +24,7 @@ import (
 // inFreshNetNS runs fn in a new, empty network namespace (see testbed.InFreshNetNS).
 func inFreshNetNS(t *testing.T, fn func()) {
 	t.Helper()
-	testbed.InFreshNetNS(t, fn, "nft")
+	kerneltest.InFreshNetNS(t, fn, "nft")
 }
 
 func stateWithPods(n int) *cluster.State {

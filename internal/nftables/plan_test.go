@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
 )
 
 // TestWholeGroupChangesKeepDispatch checks the plans of changes that alter the policies of

@@ -12,7 +12,7 @@ import (
 	"github.com/google/nftables/expr"
 
 	"github.com/netwarden/netwarden/internal/nftnl"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 )
 
 // userNetfilterSockets counts the nfnetlink sockets of processes in the calling thread's
@@ -36,7 +36,7 @@ func userNetfilterSockets(t *testing.T) int {
 // TestReleaseFreesSockets: sockets handed to the kernel's collector after a deleting commit
 // are freed by it (none is leaked), and a released Conn can be used again.
 func TestReleaseFreesSockets(t *testing.T) {
-	testbed.InFreshNetNS(t, func() {
+	kerneltest.InFreshNetNS(t, func() {
 		before := userNetfilterSockets(t)
 		table := &gnft.Table{Name: "release-test", Family: gnft.TableFamilyINet}
 		chain := &gnft.Chain{Name: "c", Table: table}
@@ -87,7 +87,7 @@ func TestReleaseFreesSockets(t *testing.T) {
 // of a query (a chain that does not exist) and of a batch (a rule in a chain that does not
 // exist), even though the socket asks for capped acknowledgements.
 func TestKernelErrorsKeepTheirErrno(t *testing.T) {
-	testbed.InFreshNetNS(t, func() {
+	kerneltest.InFreshNetNS(t, func() {
 		var c nftnl.Conn
 		t.Cleanup(c.Release)
 		table := &gnft.Table{Name: "errno-test", Family: gnft.TableFamilyINet}

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
 )
 
 // BenchmarkCompile measures the first, full compile of the benchmark cluster for one node.

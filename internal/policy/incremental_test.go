@@ -14,7 +14,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
 )
 
 // TestIncrementalCompileEqualsFresh drives one Compiler through random changes and checks

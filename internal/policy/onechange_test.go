@@ -5,7 +5,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
 )
 
 // BenchmarkCompileOneLabelChange measures compiling a snapshot in which one local pod's labels

@@ -14,9 +14,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/netwarden/netwarden/internal/agent"
-	"github.com/netwarden/netwarden/internal/simnode"
-	"github.com/netwarden/netwarden/internal/synth"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // writeList writes objects as one JSON List file, which the manifests source reads fastest.

@@ -17,11 +17,11 @@ import (
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/kubetest"
-	"github.com/netwarden/netwarden/internal/simnode"
 	"github.com/netwarden/netwarden/internal/source/kubeapi"
-	"github.com/netwarden/netwarden/internal/synth"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kubetest"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // parallel runs fn over items with a few workers and stops at the first error.

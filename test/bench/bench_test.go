@@ -28,8 +28,8 @@ import (
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/synth"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 func requireRoot(b *testing.B) {

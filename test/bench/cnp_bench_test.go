@@ -14,7 +14,7 @@ import (
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
 )
 
 // clusterPolicySpec is the benchmark cluster with 1,000 ClusterNetworkPolicies, the scale the

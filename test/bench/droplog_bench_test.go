@@ -12,8 +12,8 @@ import (
 	"github.com/netwarden/netwarden/internal/nflog"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/synth"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 

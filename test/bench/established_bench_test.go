@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/netwarden/netwarden/internal/simnode"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 const establishedRounds = 10

@@ -9,7 +9,7 @@ import (
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 

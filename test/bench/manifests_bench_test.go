@@ -15,9 +15,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/netwarden/netwarden/internal/agent"
-	"github.com/netwarden/netwarden/internal/simnode"
-	"github.com/netwarden/netwarden/internal/synth"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // manifestsChanges is how many changes of each kind BenchmarkManifestsDirectory measures.

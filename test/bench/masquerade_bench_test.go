@@ -15,9 +15,9 @@ import (
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/kubetest"
-	"github.com/netwarden/netwarden/internal/simnode"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kubetest"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // BenchmarkMasqueradeAgent runs the real agent against a real kube-apiserver with 1,000

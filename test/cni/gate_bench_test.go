@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/netwarden/netwarden/internal/gate"
-	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
 )
 
 const gateBenchPods = 60

@@ -25,7 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
 )
 
 const (

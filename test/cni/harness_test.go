@@ -24,7 +24,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 
-	"github.com/netwarden/netwarden/internal/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
 )
 
 // pluginDir holds the upstream bridge and host-local plugins and ours, built by TestMain.
@@ -75,7 +76,7 @@ func buildPlugins() (string, error) {
 
 func requireKernel(t testing.TB) {
 	t.Helper()
-	simnode.RequireKernel(t)
+	kerneltest.RequireAgent(t, simnode.AgentBinary)
 	for _, c := range []string{"iptables-nft", "iptables-legacy", "ip6tables-nft", "ip6tables-legacy"} {
 		if _, err := exec.LookPath(c); err != nil {
 			if os.Getenv("CI") != "" {

@@ -21,9 +21,10 @@ import (
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
-	"github.com/netwarden/netwarden/internal/kubetest"
-	"github.com/netwarden/netwarden/internal/simnode"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
+	"github.com/netwarden/netwarden/internal/testkit/kubetest"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 func kubectlBinary(t testing.TB) string {
@@ -407,4 +408,4 @@ func watch(w interface{ Stop() }, err error) error {
 
 // requireKernel skips the test (or fails it when $CI is set) unless it can create network
 // namespaces, program nftables and run the agent binary.
-func requireKernel(t *testing.T) { simnode.RequireKernel(t) }
+func requireKernel(t *testing.T) { kerneltest.RequireAgent(t, simnode.AgentBinary) }

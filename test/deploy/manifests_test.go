@@ -28,7 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
-	"github.com/netwarden/netwarden/internal/kubetest"
+	"github.com/netwarden/netwarden/internal/testkit/kubetest"
 )
 
 // manifests is everything in deploy/, decoded strictly (unknown fields are errors).

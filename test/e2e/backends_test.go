@@ -13,8 +13,8 @@ import (
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/guard"
-	"github.com/netwarden/netwarden/internal/simnode"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // backend is a NetworkPolicy backend the behavioural tests run against: nftables, or the

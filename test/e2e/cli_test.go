@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // denyWorld is a namespace x with pods a and b, a denied all ingress, written to the manifests

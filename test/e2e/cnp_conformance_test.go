@@ -13,7 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // The ports the suite's pods serve (base/manifests.yaml: TCP 80 and 8080, UDP 53 and 5353, SCTP

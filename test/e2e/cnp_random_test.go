@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // cnpGen draws random cluster states for a cnpWorld, with gen's vocabulary for labels and

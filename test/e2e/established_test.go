@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // streamPort is where the server pod echoes long-lived streams (TCP) and datagrams (UDP).

@@ -10,7 +10,7 @@ import (
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/demo"
 	"github.com/netwarden/netwarden/internal/source/manifests"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // TestExampleVerdicts holds the demo's hand-written expectations (examples/expected-verdicts.yaml)

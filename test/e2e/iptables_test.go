@@ -13,8 +13,8 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 
-	"github.com/netwarden/netwarden/internal/simnode"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // TestThirdPartyRulesSurvive: another component keeps its own chain, rules in FORWARD and

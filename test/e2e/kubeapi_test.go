@@ -11,8 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/kubetest"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kubetest"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // TestAgentWithKubeAPI runs the agent against a real kube-apiserver: objects are created and

@@ -11,7 +11,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/netwarden/netwarden/internal/agent"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // TestIncrementalChanges walks one running agent through the changes a cluster sees every

@@ -25,14 +25,15 @@ import (
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/simnode"
 	"github.com/netwarden/netwarden/internal/source/manifests"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // requireKernel skips outside CI when the test cannot run here, and fails in CI, where a
 // skipped kernel test would hide a regression.
-func requireKernel(t *testing.T) { simnode.RequireKernel(t) }
+func requireKernel(t *testing.T) { kerneltest.RequireAgent(t, simnode.AgentBinary) }
 
 // world is the cluster a test bed simulates: namespaces, pods (local ones backed by network
 // namespaces) and policies.

@@ -13,7 +13,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // gen draws random cluster states from a small vocabulary, so that selectors often match

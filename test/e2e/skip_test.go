@@ -15,8 +15,8 @@ import (
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/simnode"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 

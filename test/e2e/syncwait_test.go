@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // TestSyncWaitHoldsTheWrite is the regression test of issue 17's "IPv6 UDP flow allowed that the

@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/netwarden/netwarden/internal/image"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 )
 
 const maxCompressed = 40 << 20
@@ -278,7 +278,7 @@ func TestImageRuns(t *testing.T) {
 		}
 	}
 
-	testbed.InFreshNetNS(t, func() {
+	kerneltest.InFreshNetNS(t, func() {
 		for _, c := range []struct {
 			argv []string
 			want string

@@ -20,8 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/netwarden/netwarden/internal/agent"
-	"github.com/netwarden/netwarden/internal/simnode"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
+	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 var (
@@ -67,7 +68,7 @@ type scene struct {
 
 func newScene(t *testing.T) *scene {
 	t.Helper()
-	simnode.RequireKernel(t)
+	kerneltest.RequireAgent(t, simnode.AgentBinary)
 	sim, err := simnode.New(simnode.Options{Bed: testbed.Config{IPv4: true, IPv6: true}})
 	if err != nil {
 		t.Fatal(err)

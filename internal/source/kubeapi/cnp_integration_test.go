@@ -21,8 +21,8 @@ import (
 	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/kubetest"
 	"github.com/netwarden/netwarden/internal/source/kubeapi"
+	"github.com/netwarden/netwarden/internal/testkit/kubetest"
 )
 
 // requestCounter counts the requests a client makes, by what they ask.

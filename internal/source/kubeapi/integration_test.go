@@ -17,8 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/kubetest"
 	"github.com/netwarden/netwarden/internal/source/kubeapi"
+	"github.com/netwarden/netwarden/internal/testkit/kubetest"
 )
 
 // TestIntegrationSource runs the Source against a real kube-apiserver: the initial sync, the

@@ -12,7 +12,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
 )
 
 // writeSynth writes the benchmark cluster as one YAML file per object.

@@ -10,7 +10,7 @@ import (
 	sjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
-	"github.com/netwarden/netwarden/internal/synth"
+	"github.com/netwarden/netwarden/internal/testkit/synth"
 )
 
 // fastYAMLCases are documents the fast path converts (accept) or leaves to sigs.k8s.io/yaml.

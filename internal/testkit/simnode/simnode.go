@@ -23,7 +23,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,7 +31,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/netwarden/netwarden/internal/agent"
-	"github.com/netwarden/netwarden/internal/testbed"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // Options configure a Sim.
@@ -565,28 +564,3 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
-
-// RequireKernel skips the test (or fails it when $CI is set: CI must run everything) unless it
-// can create network namespaces, program nftables and run the agent binary.
-func RequireKernel(t testing.TB) {
-	t.Helper()
-	var why string
-	switch {
-	case os.Geteuid() != 0:
-		why = "needs root for network namespaces and nftables"
-	case !hasCmd("ip") || !hasCmd("nft"):
-		why = "needs iproute2 and nftables (make deps installs them)"
-	}
-	if _, err := AgentBinary(); err != nil && why == "" {
-		why = err.Error()
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("kernel test cannot run in CI: %s", why)
-	}
-	t.Skipf("skipping kernel test: %s", why)
-}
-
-func hasCmd(name string) bool { _, err := exec.LookPath(name); return err == nil }
