@@ -2,6 +2,6 @@
 // netwarden agent has installed the pod's verdicts (see internal/gate).
 package main
 
-import "github.com/netwarden/netwarden/internal/gate"
+import "github.com/netwarden/netwarden/internal/cni/gate"
 
 func main() { gate.Main() }

@@ -4,7 +4,7 @@ package main
 
 import (
 	"github.com/netwarden/netwarden/internal/cni"
-	"github.com/netwarden/netwarden/internal/ipmasq"
+	"github.com/netwarden/netwarden/internal/cni/ipmasq"
 )
 
 func main() { cni.Main(ipmasq.Plugin{}) }

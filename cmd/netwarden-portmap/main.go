@@ -3,7 +3,7 @@ package main
 
 import (
 	"github.com/netwarden/netwarden/internal/cni"
-	"github.com/netwarden/netwarden/internal/portmap"
+	"github.com/netwarden/netwarden/internal/cni/portmap"
 )
 
 func main() { cni.Main(portmap.Plugin{}) }

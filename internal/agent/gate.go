@@ -17,7 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/gate"
+	"github.com/netwarden/netwarden/internal/cni/gate"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/gate"
+	"github.com/netwarden/netwarden/internal/cni/gate"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 

@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/cni/gate"
 	"github.com/netwarden/netwarden/internal/dataplane"
-	"github.com/netwarden/netwarden/internal/gate"
 	"github.com/netwarden/netwarden/internal/guard"
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"

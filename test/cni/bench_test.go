@@ -11,8 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/netwarden/netwarden/internal/cni"
-	"github.com/netwarden/netwarden/internal/ipmasq"
-	"github.com/netwarden/netwarden/internal/portmap"
+	"github.com/netwarden/netwarden/internal/cni/ipmasq"
+	"github.com/netwarden/netwarden/internal/cni/portmap"
 )
 
 const (

@@ -15,7 +15,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/netwarden/netwarden/internal/gate"
+	"github.com/netwarden/netwarden/internal/cni/gate"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 )
 

@@ -28,7 +28,7 @@ func (Plugin) Desired(inv *cni.Invocation, kind string) (cni.Desired, error) {
 	if inv.Result == nil {
 		return cni.Desired{}, cni.ConfigError("prevResult", "missing")
 	}
-	return Desired(inv.Att, cfg, ContainerIPs(inv.Result), kind), nil
+	return Desired(inv.Att, cfg, cni.ContainerIPs(inv.Result), kind), nil
 }
 
 func (Plugin) AfterAdd(inv *cni.Invocation, _ *cni.Desired) error {
@@ -68,7 +68,7 @@ func families(inv *cni.Invocation) (v4, v6 bool) {
 	if inv.Result == nil {
 		return true, true
 	}
-	for _, p := range ContainerIPs(inv.Result) {
+	for _, p := range cni.ContainerIPs(inv.Result) {
 		v4, v6 = v4 || p.Addr().Is4(), v6 || p.Addr().Is6()
 	}
 	return v4, v6

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"strings"
 
-	current "github.com/containernetworking/cni/pkg/types/100"
 	"sigs.k8s.io/knftables"
 
 	"github.com/netwarden/netwarden/internal/cni"
@@ -49,28 +48,6 @@ func IPTLayout() cni.IPTLayout {
 			{Chain: "POSTROUTING", Rule: "-m conntrack --ctstate DNAT -j " + iptSNAT + "-dispatch"},
 		},
 	}
-}
-
-// ContainerIPs returns the IPs of the container's interfaces in a prevResult (an IP whose
-// interface is unknown counts as the container's).
-func ContainerIPs(res *current.Result) []netip.Prefix {
-	var out []netip.Prefix
-	for _, ipc := range res.IPs {
-		if ipc.Interface != nil && *ipc.Interface >= 0 && *ipc.Interface < len(res.Interfaces) && res.Interfaces[*ipc.Interface].Sandbox == "" {
-			continue
-		}
-		ip, ok := netip.AddrFromSlice(ipc.Address.IP)
-		if !ok {
-			continue
-		}
-		ones, _ := ipc.Address.Mask.Size()
-		ip = ip.Unmap()
-		if ip.Is4() && ones > 32 {
-			ones -= 96
-		}
-		out = append(out, netip.PrefixFrom(ip, ones))
-	}
-	return out
 }
 
 // Desired returns the attachment's chains for kind ("nftables" or "iptables").

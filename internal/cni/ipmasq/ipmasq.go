@@ -9,7 +9,6 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/netwarden/netwarden/internal/cni"
-	"github.com/netwarden/netwarden/internal/portmap"
 )
 
 // Table is the nftables table of the plugin.
@@ -52,7 +51,7 @@ func (Plugin) Desired(inv *cni.Invocation, kind string) (cni.Desired, error) {
 		return cni.Desired{}, cni.ConfigError("prevResult", "missing")
 	}
 	// An attachment without IPs has nothing to masquerade, and gets no rules.
-	return Desired(inv.Att, portmap.ContainerIPs(inv.Result), kind), nil
+	return Desired(inv.Att, cni.ContainerIPs(inv.Result), kind), nil
 }
 
 // Desired returns the attachment's chains: each container IP jumps to them, they return for
