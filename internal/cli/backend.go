@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/netwarden/netwarden/internal/backendchoice"
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"
@@ -13,36 +14,20 @@ import (
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 
-// policyBackend picks the NetworkPolicy backend for --backend. auto prefers nftables (nft
-// >= 1.0.1 working in this network namespace), then iptables-nft, then iptables-legacy;
-// $NETWARDEN_IPTABLES_MODE (nft or legacy) pins the iptables variant. The caller logs the
-// choice with the backend's Name(), which says the iptables variant too.
+// policyBackend opens the NetworkPolicy backend for --backend (auto, nftables or iptables),
+// chosen as backendchoice says. The caller logs the choice with the backend's Name(), which
+// says the iptables variant too.
 func policyBackend(ctx context.Context, name string) (dataplane.PolicyBackend, error) {
-	switch name {
-	case "nftables":
-		b, err := nftables.New()
-		if err != nil {
-			return nil, fmt.Errorf("--backend %s: nftables unusable: %w", name, err)
+	b, _, err := backendchoice.Open(ctx, name, func(ctx context.Context, k backendchoice.Kind) (dataplane.PolicyBackend, error) {
+		if mode, ok := k.IPTablesMode(); ok {
+			return iptables.New(ctx, mode)
 		}
-		return b, nil
-	case "iptables":
-		b, err := iptables.Detect(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("--backend %s: %w", name, err)
-		}
-		return b, nil
-	case "auto":
-		nb, nerr := nftables.New()
-		if nerr == nil {
-			return nb, nil
-		}
-		ib, ierr := iptables.Detect(ctx)
-		if ierr == nil {
-			return ib, nil
-		}
-		return nil, fmt.Errorf("--backend auto: nftables unusable (%v) and iptables unusable (%v)", nerr, ierr)
+		return nftables.New()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--backend %s: %w", name, err)
 	}
-	return nil, fmt.Errorf("--backend %q: want auto, nftables or iptables", name)
+	return b, nil
 }
 
 // renderPolicy returns the complete NetworkPolicy ruleset that --backend would apply. Render
@@ -62,21 +47,25 @@ func renderPolicy(_ context.Context, name string, rs *policy.Ruleset) (string, e
 // is unavailable on this host cannot hold anything of ours and is skipped.
 func cleanupPolicy(ctx context.Context) error {
 	errs := []error{cleanupGuards(ctx, nil)}
-	if b, err := nftables.New(); err == nil {
-		if err := b.Cleanup(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("nftables: %w", err))
-		}
-	}
-	// Rules of both variants go before the sets they reference.
+	// Rules of both iptables variants go before the sets they reference.
 	ipsetUsable := false
-	for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
-		r, err := xtables.NewRunner(ctx, m)
+	for _, k := range backendchoice.All {
+		mode, isIPTables := k.IPTablesMode()
+		if !isIPTables {
+			if b, err := nftables.New(); err == nil {
+				if err := b.Cleanup(ctx); err != nil {
+					errs = append(errs, fmt.Errorf("nftables: %w", err))
+				}
+			}
+			continue
+		}
+		r, err := xtables.NewRunner(ctx, mode)
 		if err != nil {
 			continue
 		}
 		ipsetUsable = true
 		if err := iptables.CleanupRules(ctx, r); err != nil {
-			errs = append(errs, fmt.Errorf("iptables-%s: %w", m, err))
+			errs = append(errs, fmt.Errorf("%s: %w", k, err))
 		}
 	}
 	if ipsetUsable {

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/backendchoice"
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/masquerade"
 	"github.com/netwarden/netwarden/internal/xtables"
@@ -86,41 +86,20 @@ func retireOtherMasqueradeBackends(chosen masquerade.Backend) func(context.Conte
 // masqueradeBackend picks the backend as the rest of the agent does: nftables when nft works
 // here, else iptables (iptables-nft, then legacy).
 func masqueradeBackend(ctx context.Context, name string) (masquerade.Backend, error) {
-	switch name {
-	case "auto", "nftables":
-		b, err := masquerade.NewNFTables()
-		if err == nil {
-			return b, nil
+	b, _, err := backendchoice.Open(ctx, name, func(ctx context.Context, k backendchoice.Kind) (masquerade.Backend, error) {
+		if mode, ok := k.IPTablesMode(); ok {
+			r, err := xtables.NewRunner(ctx, mode)
+			if err != nil {
+				return nil, err
+			}
+			return masquerade.NewIPTables(r), nil
 		}
-		if name == "nftables" {
-			return nil, fmt.Errorf("--backend nftables: nftables unusable: %w", err)
-		}
-		r, ierr := iptablesRunner(ctx)
-		if ierr != nil {
-			return nil, fmt.Errorf("--backend auto: neither nftables (%v) nor iptables (%v) is usable", err, ierr)
-		}
-		return masquerade.NewIPTables(r), nil
-	case "iptables":
-		r, err := iptablesRunner(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("--backend iptables: %w", err)
-		}
-		return masquerade.NewIPTables(r), nil
+		return masquerade.NewNFTables()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--backend %s: %w", name, err)
 	}
-	return nil, fmt.Errorf("--backend %q: want auto, nftables or iptables", name)
-}
-
-// iptablesRunner picks the iptables variant: $NETWARDEN_IPTABLES_MODE (nft or legacy) when
-// set, else iptables-nft when it works, else iptables-legacy.
-func iptablesRunner(ctx context.Context) (*xtables.Runner, error) {
-	if m := os.Getenv("NETWARDEN_IPTABLES_MODE"); m != "" {
-		mode, err := xtables.ParseMode(m)
-		if err != nil {
-			return nil, fmt.Errorf("$NETWARDEN_IPTABLES_MODE: %w", err)
-		}
-		return xtables.NewRunner(ctx, mode)
-	}
-	return xtables.Detect(ctx)
+	return b, nil
 }
 
 // renderMasquerade returns the masquerade rules that the agent would apply for st.
@@ -140,12 +119,12 @@ func (f *masqFlags) render(ctx context.Context, backend string, st *cluster.Stat
 	case "auto", "nftables":
 		return (&masquerade.NFTables{}).Render(d), nil
 	case "iptables":
-		mode := xtables.ModeNFT
-		if m := os.Getenv("NETWARDEN_IPTABLES_MODE"); m != "" {
-			if mode, err = xtables.ParseMode(m); err != nil {
-				return "", fmt.Errorf("$NETWARDEN_IPTABLES_MODE: %w", err)
-			}
+		// Rendering touches nothing: the variant iptables would try first.
+		kinds, err := backendchoice.Candidates(backend)
+		if err != nil {
+			return "", err
 		}
+		mode, _ := kinds[0].IPTablesMode()
 		return masquerade.NewIPTables(&xtables.Runner{Mode: mode}).Render(d), nil
 	}
 	return "", fmt.Errorf("--backend %q: want auto, nftables or iptables", backend)

@@ -31,16 +31,10 @@ type IPTStore struct {
 	r      *xtables.Runner
 }
 
-// NewIPTStore returns a store using the iptables variant mode ("nft" or "legacy"), or the
-// detected one when mode is empty.
+// NewIPTStore returns a store using the iptables variant mode ("nft" or "legacy"), after
+// checking that its commands work here (OpenStore chooses the variant).
 func NewIPTStore(ctx context.Context, layout IPTLayout, mode string) (*IPTStore, error) {
-	var r *xtables.Runner
-	var err error
-	if mode == "" {
-		r, err = xtables.Detect(ctx)
-	} else {
-		r, err = xtables.NewRunner(ctx, xtables.Mode(mode))
-	}
+	r, err := xtables.NewRunner(ctx, xtables.Mode(mode))
 	if err != nil {
 		return nil, err
 	}

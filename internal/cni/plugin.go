@@ -16,7 +16,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/netwarden/netwarden/internal/xtables"
+	"github.com/netwarden/netwarden/internal/backendchoice"
 )
 
 // Timeout bounds one invocation; the lock wait is part of it.
@@ -115,57 +115,54 @@ func ParseConf(stdin []byte) (NetConf, *current.Result, error) {
 	return conf, res, nil
 }
 
-// OpenStore returns the store for the configured backend. When it is empty it chooses as the
-// agent does, nftables when nft works here, else iptables (iptables-nft, then legacy), and
-// remembers the choice for this network namespace so that later invocations do not pay for the
-// probe. STATUS always probes.
+// OpenStore returns the store for the configured backend. A named kind is opened without a
+// probe unless probe is set (STATUS always probes); "iptables" and an empty backend are chosen
+// as the agent chooses (backendchoice), and the automatic choice is remembered for this network
+// namespace so that later invocations do not pay for the probe.
 func OpenStore(ctx context.Context, p Plugin, backend string, probe bool) (store Store, kind string, err error) {
 	unavailable := func(err error) error { return types.NewError(types.ErrPluginNotAvailable, err.Error(), "") }
-	switch backend {
-	case "nftables":
-		if probe {
-			s, err := NewNFTStore(p.NFTLayout())
-			if err != nil {
-				return nil, "", unavailable(fmt.Errorf("backend nftables: %w", err))
-			}
-			return s, "nftables", nil
+	requested := backendchoice.Kind(backend)
+	switch requested {
+	case backendchoice.NFTables:
+		if !probe {
+			return newNFTStoreUnchecked(p.NFTLayout()), "nftables", nil
 		}
-		return newNFTStoreUnchecked(p.NFTLayout()), "nftables", nil
-	case "iptables-nft", "iptables-legacy":
-		mode := xtables.Mode(strings.TrimPrefix(backend, "iptables-"))
-		if probe {
-			s, err := NewIPTStore(ctx, p.IPTLayout(), string(mode))
-			if err != nil {
-				return nil, "", unavailable(fmt.Errorf("backend %s: %w", backend, err))
-			}
-			return s, "iptables", nil
+	case backendchoice.IPTablesNFT, backendchoice.IPTablesLegacy:
+		if !probe {
+			mode, _ := requested.IPTablesMode()
+			return newIPTStoreUnchecked(p.IPTLayout(), mode), "iptables", nil
 		}
-		return newIPTStoreUnchecked(p.IPTLayout(), mode), "iptables", nil
-	case "iptables":
-		s, err := NewIPTStore(ctx, p.IPTLayout(), "")
-		if err != nil {
-			return nil, "", unavailable(fmt.Errorf("backend iptables: %w", err))
-		}
-		return s, "iptables", nil
 	}
-	cache := choiceFile(p.Name())
+	cache := ""
+	if backend == "" {
+		cache = choiceFile(p.Name())
+	}
 	if !probe && cache != "" {
 		if b, err := os.ReadFile(cache); err == nil {
-			if chosen := strings.TrimSpace(string(b)); chosen != "" && chosen != backend {
+			if chosen := strings.TrimSpace(string(b)); chosen != "" {
 				return OpenStore(ctx, p, chosen, false)
 			}
 		}
 	}
-	var chosen string
-	if s, nerr := NewNFTStore(p.NFTLayout()); nerr == nil {
-		store, kind, chosen = s, "nftables", "nftables"
-	} else if s, ierr := NewIPTStore(ctx, p.IPTLayout(), ""); ierr == nil {
-		store, kind, chosen = s, "iptables", s.Backend()
-	} else {
-		return nil, "", unavailable(fmt.Errorf("no usable backend: nftables: %v; iptables: %v", nerr, ierr))
+	store, chosen, err := backendchoice.Open(ctx, backend, func(ctx context.Context, k backendchoice.Kind) (Store, error) {
+		if mode, ok := k.IPTablesMode(); ok {
+			return NewIPTStore(ctx, p.IPTLayout(), string(mode))
+		}
+		return NewNFTStore(p.NFTLayout())
+	})
+	if err != nil {
+		what := "backend " + backend
+		if backend == "" {
+			what = "no usable backend"
+		}
+		return nil, "", unavailable(fmt.Errorf("%s: %w", what, err))
 	}
 	if cache != "" {
-		_ = os.WriteFile(cache, []byte(chosen+"\n"), 0o644)
+		_ = os.WriteFile(cache, []byte(string(chosen)+"\n"), 0o644)
+	}
+	kind = "nftables"
+	if _, ok := chosen.IPTablesMode(); ok {
+		kind = "iptables"
 	}
 	return store, kind, nil
 }

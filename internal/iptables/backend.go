@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"slices"
 	"sort"
@@ -16,10 +15,6 @@ import (
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/xtables"
 )
-
-// ModeEnv, when set to nft or legacy, chooses the iptables variant instead of detection. Tests
-// use it to run every scenario on both variants.
-const ModeEnv = "NETWARDEN_IPTABLES_MODE"
 
 var families = [2]xtables.Family{xtables.IPv4, xtables.IPv6}
 
@@ -45,27 +40,6 @@ func New(ctx context.Context, mode xtables.Mode) (*Backend, error) {
 		return nil, fmt.Errorf("ipset: %w", err)
 	}
 	return &Backend{run: r}, nil
-}
-
-// Detect returns a backend for the variant named by $NETWARDEN_IPTABLES_MODE, or else for
-// iptables-nft when it works, falling back to iptables-legacy.
-func Detect(ctx context.Context) (*Backend, error) {
-	if s := os.Getenv(ModeEnv); s != "" {
-		mode, err := xtables.ParseMode(s)
-		if err != nil {
-			return nil, fmt.Errorf("$%s: %w", ModeEnv, err)
-		}
-		return New(ctx, mode)
-	}
-	var errs []error
-	for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
-		b, err := New(ctx, m)
-		if err == nil {
-			return b, nil
-		}
-		errs = append(errs, err)
-	}
-	return nil, fmt.Errorf("no usable iptables: %w", errors.Join(errs...))
 }
 
 // Name implements dataplane.PolicyBackend: iptables-nft or iptables-legacy.

@@ -7,7 +7,6 @@ package xtables
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -53,20 +52,6 @@ func ParseMode(s string) (Mode, error) {
 // Runner runs one variant's commands.
 type Runner struct {
 	Mode Mode
-}
-
-// Detect picks the variant to use: iptables-nft when it works in this network namespace, else
-// iptables-legacy. "Works" means its save command can read the filter table for both families.
-func Detect(ctx context.Context) (*Runner, error) {
-	var errs []error
-	for _, m := range []Mode{ModeNFT, ModeLegacy} {
-		r, err := NewRunner(ctx, m)
-		if err == nil {
-			return r, nil
-		}
-		errs = append(errs, err)
-	}
-	return nil, fmt.Errorf("no usable iptables: %w", errors.Join(errs...))
 }
 
 // NewRunner returns a Runner for mode after checking that its commands exist and can read the
