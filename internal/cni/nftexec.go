@@ -2,7 +2,6 @@ package cni
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/netwarden/netwarden/internal/command"
+	"github.com/netwarden/netwarden/internal/nftjson"
 )
 
 // nftExec runs nft for one inet table. It builds transactions with knftables but runs them
@@ -66,23 +66,11 @@ func (e *nftExec) listChains(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var doc struct {
-		Nftables []struct {
-			Chain *struct {
-				Table string `json:"table"`
-				Name  string `json:"name"`
-			} `json:"chain"`
-		} `json:"nftables"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil {
+	l, err := nftjson.Parse(out)
+	if err != nil {
 		return nil, fmt.Errorf("nft -j list chains: %w", err)
 	}
-	var names []string
-	for _, o := range doc.Nftables {
-		if o.Chain != nil && o.Chain.Table == e.table {
-			names = append(names, o.Chain.Name)
-		}
-	}
+	names := l.Chains(e.table)
 	return names, nil
 }
 

@@ -1,6 +1,7 @@
 package masquerade
 
 import (
+	"github.com/netwarden/netwarden/internal/netipx"
 	"net/netip"
 	"slices"
 	"sort"
@@ -128,18 +129,7 @@ func mergeRanges(prefixes []netip.Prefix, ipv6, adjacent bool) []Range {
 
 func prefixRange(p netip.Prefix) Range {
 	p = p.Masked()
-	first := p.Addr()
-	b := first.AsSlice()
-	bits := p.Bits()
-	for i := range b {
-		for bit := 0; bit < 8; bit++ {
-			if i*8+bit >= bits {
-				b[i] |= 0x80 >> bit
-			}
-		}
-	}
-	last, _ := netip.AddrFromSlice(b)
-	return Range{First: first, Last: last}
+	return Range{First: p.Addr(), Last: netipx.LastAddr(p)}
 }
 
 // Prefixes splits r into the fewest prefixes that cover exactly r, for set types that hold

@@ -2,7 +2,6 @@ package masquerade
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/command"
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/nftjson"
 	"github.com/netwarden/netwarden/internal/nftnl"
 )
 
@@ -241,67 +241,22 @@ func listRanges(ctx context.Context, set string) ([]Range, error) {
 	if err != nil {
 		return nil, err
 	}
-	var doc struct {
-		Nftables []struct {
-			Set *struct {
-				Elem []json.RawMessage `json:"elem"`
-			} `json:"set"`
-		} `json:"nftables"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil {
+	l, err := nftjson.Parse(out)
+	if err != nil {
 		return nil, fmt.Errorf("parsing nft output: %w", err)
 	}
 	var rs []Range
-	for _, obj := range doc.Nftables {
-		if obj.Set == nil {
+	for _, o := range l {
+		if o.Kind != "set" {
 			continue
 		}
-		for _, raw := range obj.Set.Elem {
-			r, err := parseJSONElement(raw)
+		for _, raw := range o.Elements() {
+			first, last, err := nftjson.AddressRange(raw)
 			if err != nil {
 				return nil, err
 			}
-			rs = append(rs, r)
+			rs = append(rs, Range{First: first, Last: last})
 		}
 	}
 	return rs, nil
-}
-
-// parseJSONElement reads one element of nft's JSON: "addr", {"prefix": {"addr", "len"}} or
-// {"range": [first, last]}, possibly wrapped in {"elem": {"val": ...}}.
-func parseJSONElement(raw json.RawMessage) (Range, error) {
-	var addr string
-	if json.Unmarshal(raw, &addr) == nil {
-		return parseRange(addr)
-	}
-	var obj struct {
-		Prefix *struct {
-			Addr string `json:"addr"`
-			Len  int    `json:"len"`
-		} `json:"prefix"`
-		Range []json.RawMessage `json:"range"`
-		Elem  *struct {
-			Val json.RawMessage `json:"val"`
-		} `json:"elem"`
-	}
-	if err := json.Unmarshal(raw, &obj); err != nil {
-		return Range{}, fmt.Errorf("element %s: %w", raw, err)
-	}
-	switch {
-	case obj.Prefix != nil:
-		return parseRange(fmt.Sprintf("%s/%d", obj.Prefix.Addr, obj.Prefix.Len))
-	case len(obj.Range) == 2:
-		first, err := parseJSONElement(obj.Range[0])
-		if err != nil {
-			return Range{}, err
-		}
-		last, err := parseJSONElement(obj.Range[1])
-		if err != nil {
-			return Range{}, err
-		}
-		return Range{First: first.First, Last: last.Last}, nil
-	case obj.Elem != nil:
-		return parseJSONElement(obj.Elem.Val)
-	}
-	return Range{}, fmt.Errorf("element %s: not an address, prefix or range", raw)
 }

@@ -3,8 +3,6 @@ package nftables
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/json"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -14,6 +12,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/nftjson"
 	"github.com/netwarden/netwarden/internal/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
 )
@@ -466,56 +465,27 @@ func compareCounts(want *Rendered, got counts) string {
 	return ""
 }
 
-// parseListing counts rules and elements in `nft -j list table` output and digests it in a
-// canonical form: handles dropped and elements sorted, so that hash-set iteration order does
-// not look like an edit.
+// parseListing counts rules and elements in `nft -j list table` output, and digests it.
 func parseListing(out []byte) (counts, string, error) {
-	var doc struct {
-		Nftables []map[string]json.RawMessage `json:"nftables"`
-	}
 	c := counts{chains: map[string]int{}, sets: map[string]int{}}
-	if err := json.Unmarshal(out, &doc); err != nil {
+	l, err := nftjson.Parse(out)
+	if err != nil {
 		return c, "", err
 	}
-	var canon []string
-	for _, obj := range doc.Nftables {
-		for kind, raw := range obj {
-			if kind == "metainfo" {
-				continue
+	for _, o := range l {
+		switch o.Kind {
+		case "chain":
+			if name := o.String("name"); c.chains[name] == 0 {
+				c.chains[name] = 0 // a chain without rules is listed too
 			}
-			var fields map[string]any
-			if err := json.Unmarshal(raw, &fields); err != nil {
-				return c, "", err
-			}
-			delete(fields, "handle")
-			switch kind {
-			case "chain":
-				name, _ := fields["name"].(string)
-				if _, ok := c.chains[name]; !ok {
-					c.chains[name] = 0
-				}
-			case "rule":
-				name, _ := fields["chain"].(string)
-				c.chains[name]++
-			case "set", "map":
-				name, _ := fields["name"].(string)
-				elems, _ := fields["elem"].([]any)
-				c.sets[name] = len(elems)
-				keys := make([]string, len(elems))
-				for i, e := range elems {
-					b, _ := json.Marshal(e)
-					keys[i] = string(b)
-				}
-				sort.Strings(keys)
-				fields["elem"] = keys
-			}
-			b, _ := json.Marshal(fields)
-			canon = append(canon, kind+":"+string(b))
+		case "rule":
+			c.chains[o.String("chain")]++
+		case "set", "map":
+			c.sets[o.String("name")] = len(o.Elements())
 		}
 	}
-	// Rules keep their listed order within a chain; objects are sorted otherwise.
-	sum := sha256.Sum256([]byte(strings.Join(canon, "\n")))
-	return c, fmt.Sprintf("%x", sum[:]), nil
+	digest, err := l.Digest()
+	return c, digest, err
 }
 
 // Dump renders r as an nft script, as `netwarden render` prints it.

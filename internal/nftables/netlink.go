@@ -12,6 +12,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/netwarden/netwarden/internal/netipx"
 	"github.com/netwarden/netwarden/internal/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
 )
@@ -166,7 +167,7 @@ func newIntervalElements(s *set) ([]gnft.SetElement, error) {
 			pfx = netip.PrefixFrom(a, a.BitLen())
 		}
 		first := pfx.Masked().Addr()
-		last := lastAddr(pfx)
+		last := netipx.LastAddr(pfx)
 		next := last.Next()
 		if !next.IsValid() {
 			return nil, fmt.Errorf("element %q reaches the highest address", key)
@@ -199,16 +200,6 @@ func newIntervalElements(s *set) ([]gnft.SetElement, error) {
 		out = append(out, gnft.SetElement{Key: b.addr.AsSlice(), IntervalEnd: b.end})
 	}
 	return out, nil
-}
-
-// lastAddr is the highest address of a prefix.
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
 
 func (ch elementChange) setElement() (gnft.SetElement, error) {

@@ -12,12 +12,14 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/netwarden/netwarden/internal/netipx"
 )
 
 // allocIP returns the lowest free address of prefix (skipping the network
 // address, the node IP and, for IPv4, the broadcast address). Caller holds b.mu.
 func (b *Bed) allocIP(prefix netip.Prefix) (netip.Addr, error) {
-	last := lastAddr(prefix)
+	last := netipx.LastAddr(prefix)
 	for ip := prefix.Addr().Next(); ip.IsValid() && prefix.Contains(ip); ip = ip.Next() {
 		if ip.Is4() && ip == last {
 			break
@@ -28,15 +30,6 @@ func (b *Bed) allocIP(prefix netip.Prefix) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, fmt.Errorf("testbed: pod CIDR %s exhausted", prefix)
-}
-
-func lastAddr(p netip.Prefix) netip.Addr {
-	s := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(s)*8; i++ {
-		s[i/8] |= 1 << (7 - i%8)
-	}
-	a, _ := netip.AddrFromSlice(s)
-	return a
 }
 
 func sanitize(s string) string {
