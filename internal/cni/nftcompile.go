@@ -1,13 +1,14 @@
 package cni
 
 import (
-	"encoding/binary"
 	"net/netip"
 	"strconv"
 	"strings"
 
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/netwarden/netwarden/internal/nftexpr"
 )
 
 // compileRule turns a rule of the small nft dialect the plugins render into netlink
@@ -24,8 +25,7 @@ func compileRule(rule string) ([]expr.Any, bool) {
 	family := byte(0)
 	needFamily := func(f byte) bool {
 		if family == 0 {
-			out = append(out, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{f}})
+			out = append(out, nftexpr.Family(f == unix.NFPROTO_IPV6)...)
 			family = f
 		}
 		return family == f
@@ -53,10 +53,8 @@ func compileRule(rule string) ([]expr.Any, bool) {
 				return nil, false
 			}
 			proto := map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[t]
-			out = append(out, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(uint16(port))})
+			out = append(out, nftexpr.L4Proto(proto)...)
+			out = append(out, nftexpr.DPort(uint16(port))...)
 			i += 3
 		case t == "dnat" && rest == 4 && tok[i+2] == "to":
 			v6 := tok[i+1] == "ip6"
@@ -72,7 +70,7 @@ func compileRule(rule string) ([]expr.Any, bool) {
 				fam = unix.NFPROTO_IPV6
 			}
 			out = append(out, &expr.Immediate{Register: 1, Data: ap.Addr().AsSlice()},
-				&expr.Immediate{Register: 2, Data: be16(ap.Port())},
+				&expr.Immediate{Register: 2, Data: nftexpr.BE16(ap.Port())},
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: 1, RegProtoMin: 2, Specified: true})
 			i += 4
 		case t == "masquerade" && rest == 1:
@@ -91,8 +89,7 @@ func compileRule(rule string) ([]expr.Any, bool) {
 	return out, true
 }
 
-// addrMatch matches an address or prefix the way nft encodes it: whole bytes are compared
-// directly, an IPv4 prefix ending inside a byte is masked first.
+// addrMatch parses an address or prefix of the given family for nftexpr.Addr.
 func addrMatch(v6, src bool, s string) ([]expr.Any, bool) {
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
@@ -102,35 +99,8 @@ func addrMatch(v6, src bool, s string) ([]expr.Any, bool) {
 		}
 		p = netip.PrefixFrom(a, a.BitLen())
 	}
-	if p.Addr().Is6() != v6 || p != p.Masked() {
+	if p.Addr().Is6() != v6 {
 		return nil, false
 	}
-	offset := uint32(16)
-	switch {
-	case v6 && src:
-		offset = 8
-	case v6:
-		offset = 24
-	case src:
-		offset = 12
-	}
-	addr := p.Addr().AsSlice()
-	if p.Bits()%8 == 0 {
-		n := uint32(p.Bits() / 8)
-		return []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: n},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr[:n]},
-		}, true
-	}
-	if v6 {
-		return nil, false // not needed by the plugins; left to nft
-	}
-	mask := binary.BigEndian.AppendUint32(nil, ^uint32(0)<<(32-p.Bits()))
-	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr},
-	}, true
+	return nftexpr.Addr(p, src)
 }
-
-func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/netwarden/netwarden/internal/netipx"
+	"github.com/netwarden/netwarden/internal/nftexpr"
 	"github.com/netwarden/netwarden/internal/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
 )
@@ -232,75 +233,35 @@ func keyType(typ string) (gnft.SetDatatype, error) {
 	return gnft.SetDatatype{}, fmt.Errorf("no netlink encoding for set type %q", typ)
 }
 
-// Registers as nft uses them: a 16-byte register for single values; for a concatenation
-// each part starts in the next 4-byte register.
-const (
-	reg1     = unix.NFT_REG_1
-	reg32_00 = unix.NFT_REG32_00
-)
-
 // exprs compiles the rule into kernel expressions, the same ones nft produces for text().
 func (r ruleSpec) exprs() []expr.Any {
 	var e []expr.Any
-	nfproto := func(v6 bool) {
-		fam := byte(unix.NFPROTO_IPV4)
-		if v6 {
-			fam = unix.NFPROTO_IPV6
-		}
-		e = append(e,
-			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{fam}})
-	}
-	addr := func(v6 bool, which string, dreg uint32) {
-		off, l := uint32(12), uint32(4)
-		if which == "daddr" {
-			off = 16
-		}
-		if v6 {
-			off, l = 8, 16
-			if which == "daddr" {
-				off = 24
-			}
-		}
-		e = append(e, &expr.Payload{DestRegister: dreg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l})
-	}
-	dport := func(dreg uint32) {
-		e = append(e, &expr.Payload{DestRegister: dreg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
-	}
 	if r.proto != "" {
-		e = append(e,
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoNumber(r.proto)}})
+		e = append(e, nftexpr.L4Proto(protoNumber(r.proto))...)
 		switch {
 		case r.namedSet != "":
 			// The port is compared by the named-port lookup below, with the address.
 		case r.ports.Last != 0 && r.ports.First == r.ports.Last:
-			dport(reg1)
-			e = append(e, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: be16(r.ports.First)})
+			e = append(e, nftexpr.DPort(r.ports.First)...)
 		case r.ports.Last != 0:
-			dport(reg1)
-			// As nft encodes a range (in its version here): two comparisons, not a range expression.
-			e = append(e,
-				&expr.Cmp{Op: expr.CmpOpGte, Register: reg1, Data: be16(r.ports.First)},
-				&expr.Cmp{Op: expr.CmpOpLte, Register: reg1, Data: be16(r.ports.Last)})
+			e = append(e, nftexpr.DPortRange(r.ports.First, r.ports.Last)...)
 		}
 	}
 	if r.peerSet != "" {
-		nfproto(r.v6)
-		addr(r.v6, r.peerAddr, reg1)
-		e = append(e, &expr.Lookup{SourceRegister: reg1, SetName: r.peerSet})
+		e = append(e, nftexpr.Family(r.v6)...)
+		e = append(e, nftexpr.LoadAddr(r.v6, r.peerAddr != "daddr", nftexpr.Reg1),
+			&expr.Lookup{SourceRegister: nftexpr.Reg1, SetName: r.peerSet})
 	}
 	if r.namedSet != "" {
 		if r.peerSet == "" {
-			nfproto(r.v6)
+			e = append(e, nftexpr.Family(r.v6)...)
 		}
-		addr(r.v6, "daddr", reg1)
-		next := uint32(reg32_00 + 1)
+		next := uint32(nftexpr.Reg32_00 + 1)
 		if r.v6 {
-			next = reg32_00 + 4
+			next = nftexpr.Reg32_00 + 4
 		}
-		dport(next)
-		e = append(e, &expr.Lookup{SourceRegister: reg1, SetName: r.namedSet})
+		e = append(e, nftexpr.LoadAddr(r.v6, false, nftexpr.Reg1), nftexpr.LoadDPort(next),
+			&expr.Lookup{SourceRegister: nftexpr.Reg1, SetName: r.namedSet})
 	}
 	if r.counter {
 		e = append(e, &expr.Counter{})
@@ -308,10 +269,10 @@ func (r ruleSpec) exprs() []expr.Any {
 	switch {
 	case r.log != nil:
 		e = append(e,
-			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			&expr.Ct{Register: nftexpr.Reg1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: nftexpr.Reg1, DestRegister: nftexpr.Reg1, Len: 4,
 				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW), Xor: make([]byte, 4)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: nftexpr.Reg1, Data: make([]byte, 4)},
 			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(r.log.Rate), Unit: expr.LimitTimeSecond, Burst: r.log.Burst},
 			&expr.Log{Key: 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_GROUP, Group: r.log.Group, Data: []byte(r.logPrefix)})
 	case r.jump != "":
@@ -335,8 +296,6 @@ func protoNumber(p policy.Protocol) byte {
 	}
 	return unix.IPPROTO_TCP
 }
-
-func be16(v uint16) []byte { return []byte{byte(v >> 8), byte(v)} }
 
 // encodeKey turns an element key in nft syntax into kernel data: addresses in network order,
 // concatenation parts each padded to 4 bytes as nftables registers are.
