@@ -6,10 +6,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,7 +38,7 @@ func Run(out io.Writer, agentBin, examplesDir string) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("%s: %v", clusterFile, errs)
 	}
-	names := sortedKeys(st.Pods)
+	names := slices.Sorted(maps.Keys(st.Pods))
 	expected, err := LoadExpected(expectedFile, names, ProbePorts)
 	if err != nil {
 		return err
@@ -51,7 +52,7 @@ func Run(out io.Writer, agentBin, examplesDir string) error {
 	fmt.Fprintf(out, "Simulated node %q: network namespace %s, routed veth pods, dual-stack.\n\n", sim.NodeName, sim.Bed.NodeNetNSName())
 
 	var objs []runtime.Object
-	for _, k := range sortedKeys(st.Namespaces) {
+	for _, k := range slices.Sorted(maps.Keys(st.Namespaces)) {
 		ns := st.Namespaces[k].DeepCopy()
 		ns.APIVersion, ns.Kind = "v1", "Namespace"
 		objs = append(objs, ns)
@@ -363,13 +364,4 @@ func portMeaning(port uint16) string {
 		return "http on web and api, sql on db"
 	}
 	return "metrics on api and db"
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os/exec"
 	"slices"
 	"sort"
@@ -62,23 +63,23 @@ func Dump(r *Rendered) string {
 		fmt.Fprintf(&sb, "# skipped %s, fail-closed (its pods stay isolated, it admits nothing): %s\n", sk.Policy, sk.Reason)
 	}
 	sb.WriteString("# kernel names and the Ruleset objects they stand for\n")
-	for _, k := range sortedKeys(r.Sources) {
+	for _, k := range slices.Sorted(maps.Keys(r.Sources)) {
 		fmt.Fprintf(&sb, "#   %s = %s\n", k, r.Sources[k])
 		if pols, ok := r.GroupPolicies[k]; ok {
 			fmt.Fprintf(&sb, "#     holding the rules of %s\n", strings.Join(pols, ", "))
 		}
 	}
 	sb.WriteString("# ipset restore\n")
-	for _, name := range sortedKeys(r.Sets) {
+	for _, name := range slices.Sorted(maps.Keys(r.Sets)) {
 		s := r.Sets[name]
 		sb.WriteString(s.createLine(name) + "\n")
-		for _, m := range sortedKeys(s.elements()) {
+		for _, m := range slices.Sorted(maps.Keys(s.elements())) {
 			fmt.Fprintf(&sb, "add %s %s\n", name, m)
 		}
 	}
 	for fam, f := range families {
 		fmt.Fprintf(&sb, "# %s-restore --noflush\n", f)
-		sb.Write(restoreInput(r.Chains[fam], sortedKeys(r.Chains[fam]), nil, nil, jumpFix{}))
+		sb.Write(restoreInput(r.Chains[fam], slices.Sorted(maps.Keys(r.Chains[fam])), nil, nil, jumpFix{}))
 	}
 	return sb.String()
 }
@@ -203,14 +204,14 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 	if have[swapSet] {
 		fmt.Fprintf(&pre, "destroy %s\n", swapSet) // left by a run that died mid-sync
 	}
-	for _, name := range sortedKeys(want.Sets) {
+	for _, name := range slices.Sorted(maps.Keys(want.Sets)) {
 		s := want.Sets[name]
 		target := name
 		if have[name] {
 			target = swapSet
 		}
 		pre.WriteString(s.createLine(target) + "\n")
-		for _, m := range sortedKeys(s.elements()) {
+		for _, m := range slices.Sorted(maps.Keys(s.elements())) {
 			fmt.Fprintf(&pre, "add %s %s\n", target, m)
 		}
 		if have[name] {
@@ -233,7 +234,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 				stale = append(stale, c)
 			}
 		}
-		names := sortedKeys(want.Chains[fam])
+		names := slices.Sorted(maps.Keys(want.Chains[fam]))
 		in := restoreInput(want.Chains[fam], names, stale, nil, jumpFix{existing: st.jumps, install: true})
 		if err := b.run.Restore(ctx, f, in); err != nil {
 			return res, fmt.Errorf("iptables full sync: %w", err)
@@ -435,7 +436,7 @@ func (p *plan) operations() int { return p.ops }
 func diff(old, new *Rendered) *plan {
 	p := &plan{}
 	var before, after bytes.Buffer
-	for _, name := range sortedKeys(new.Sets) {
+	for _, name := range slices.Sorted(maps.Keys(new.Sets)) {
 		s, o := new.Sets[name], old.Sets[name]
 		if s == o {
 			continue
@@ -447,7 +448,7 @@ func diff(old, new *Rendered) *plan {
 			}
 			before.WriteString(s.createLine(name) + "\n")
 			p.ops++
-			for _, m := range sortedKeys(s.elements()) {
+			for _, m := range slices.Sorted(maps.Keys(s.elements())) {
 				fmt.Fprintf(&before, "add %s %s\n", name, m)
 				p.ops++
 			}
@@ -480,7 +481,7 @@ func diff(old, new *Rendered) *plan {
 		p.ops += len(added) + len(removed)
 	}
 	for fam := range new.Chains {
-		for _, name := range sortedKeys(new.Chains[fam]) {
+		for _, name := range slices.Sorted(maps.Keys(new.Chains[fam])) {
 			o, ok := old.Chains[fam][name]
 			n := new.Chains[fam][name]
 			if ok && slices.Equal(o, n) {
@@ -495,14 +496,14 @@ func diff(old, new *Rendered) *plan {
 			p.chains[fam].write = append(p.chains[fam].write, name)
 			p.ops += 1 + len(n)
 		}
-		for _, name := range sortedKeys(old.Chains[fam]) {
+		for _, name := range slices.Sorted(maps.Keys(old.Chains[fam])) {
 			if _, ok := new.Chains[fam][name]; !ok {
 				p.chains[fam].gone = append(p.chains[fam].gone, name)
 				p.ops += 2
 			}
 		}
 	}
-	for _, name := range sortedKeys(old.Sets) {
+	for _, name := range slices.Sorted(maps.Keys(old.Sets)) {
 		if new.Sets[name] == nil {
 			fmt.Fprintf(&after, "destroy %s\n", name)
 			p.ops++
@@ -538,7 +539,7 @@ func (b *Backend) Verify(ctx context.Context) error {
 		return &Drift{Reason: "ipset save: " + err.Error()}
 	}
 	got := parseIPSetSave(out)
-	for _, name := range sortedKeys(b.applied.Sets) {
+	for _, name := range slices.Sorted(maps.Keys(b.applied.Sets)) {
 		s := b.applied.Sets[name]
 		members, ok := got[name]
 		if !ok {
@@ -558,7 +559,7 @@ func (b *Backend) Verify(ctx context.Context) error {
 }
 
 func compareChains(fam string, want map[string][]string, st saved) string {
-	for _, name := range sortedKeys(want) {
+	for _, name := range slices.Sorted(maps.Keys(want)) {
 		got, ok := st.rules[name]
 		if !ok {
 			return fmt.Sprintf("%s chain %s missing", fam, name)

@@ -52,6 +52,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -375,7 +376,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		r.Chains[fam][chainInput] = append(slices.Clip(prelude), "-j "+egress)
 	}
 
-	for _, name := range sortedKeys(rs.Groups) {
+	for _, name := range slices.Sorted(maps.Keys(rs.Groups)) {
 		g := rs.Groups[name]
 		for fam := range r.Chains {
 			if !used[name][fam] {
@@ -476,7 +477,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 // stage. Anything else is a render error rather than a packet judged by the wrong direction.
 func (rd *Renderer) tierGroups(r *Rendered, rs *policy.Ruleset, tier policy.TierName, used map[string][2]bool, dirs map[string]policy.Direction) {
 	t := rs.Tier(tier)
-	for _, name := range sortedKeys(t.Groups) {
+	for _, name := range slices.Sorted(maps.Keys(t.Groups)) {
 		g := t.Groups[name]
 		dir, dispatched := dirs[name]
 		if !dispatched {
@@ -864,13 +865,4 @@ func portRange(r policy.PortRange) string {
 		return strconv.Itoa(int(r.First))
 	}
 	return fmt.Sprintf("%d:%d", r.First, r.Last)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

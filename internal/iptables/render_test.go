@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -227,7 +228,7 @@ func TestWholeFamilyIPBlock(t *testing.T) {
 		// Only the lower half is left, and hash:net holds it as it is.
 		cidrSet("all6-but", v6): "::/1",
 	} {
-		if got := strings.Join(sortedKeys(r.Sets[name].elements()), " "); got != want {
+		if got := strings.Join(slices.Sorted(maps.Keys(r.Sets[name].elements())), " "); got != want {
 			t.Errorf("%s = %s: %s, want %s", name, r.Sources[name], got, want)
 		}
 	}
@@ -239,7 +240,7 @@ func TestWholeFamilyIPBlock(t *testing.T) {
 	}
 	for _, m := range []string{"0.0.0.0/5", "11.0.0.0/8", "128.0.0.0/2", "192.0.2.6", "192.0.2.8/29"} {
 		if !got[m] {
-			t.Errorf("all4-but lacks %s: %v", m, sortedKeys(got))
+			t.Errorf("all4-but lacks %s: %v", m, slices.Sorted(maps.Keys(got)))
 		}
 	}
 }

@@ -329,9 +329,9 @@ func randomPeers(r *rand.Rand, rs *policy.Ruleset) []policy.Peer {
 	var peers []policy.Peer
 	for range r.IntN(3) {
 		if r.IntN(2) == 0 {
-			peers = append(peers, policy.Peer{AddrSet: pick(r, sortedKeys(rs.AddrSets))})
+			peers = append(peers, policy.Peer{AddrSet: pick(r, slices.Sorted(maps.Keys(rs.AddrSets)))})
 		} else {
-			name := pick(r, sortedKeys(rs.CIDRSets))
+			name := pick(r, slices.Sorted(maps.Keys(rs.CIDRSets)))
 			peers = append(peers, policy.Peer{CIDRSet: name, IPv6: rs.CIDRSets[name].IPv6})
 		}
 	}
@@ -347,7 +347,7 @@ func randomPorts(r *rand.Rand, rs *policy.Ruleset, anyProtocol bool) []policy.Po
 				ports = append(ports, policy.PortMatch{}) // every protocol
 			}
 		case 1:
-			name := pick(r, sortedKeys(rs.NamedPortSets))
+			name := pick(r, slices.Sorted(maps.Keys(rs.NamedPortSets)))
 			ports = append(ports, policy.PortMatch{Protocol: policy.Protocol(namedPortProto(name)), NamedPortSet: name})
 		case 2:
 			// What the compiler writes for a protocol it does not know: a port no packet has.
@@ -476,11 +476,11 @@ func mutate(r *rand.Rand, rs *policy.Ruleset, w randomWorld) *policy.Ruleset {
 			}
 		}
 	}
-	moveSome(out.Dispatch, sortedKeys(rs.Groups))
+	moveSome(out.Dispatch, slices.Sorted(maps.Keys(rs.Groups)))
 	for _, tier := range []*policy.Tier{&out.Admin, &out.Baseline} {
 		tier.Dispatch = cloneDispatch(tier.Dispatch)
 		tier.Groups = maps.Clone(tier.Groups)
-		moveSome(tier.Dispatch, sortedKeys(tier.Groups))
+		moveSome(tier.Dispatch, slices.Sorted(maps.Keys(tier.Groups)))
 		for name, g := range tier.Groups {
 			if r.IntN(3) == 0 {
 				pols := slices.Clone(g.Policies)
@@ -493,7 +493,7 @@ func mutate(r *rand.Rand, rs *policy.Ruleset, w randomWorld) *policy.Ruleset {
 			}
 		}
 	}
-	names := sortedKeys(out.ClusterPolicies)
+	names := slices.Sorted(maps.Keys(out.ClusterPolicies))
 	if len(names) > 0 {
 		name := pick(r, names)
 		cp := *out.ClusterPolicies[name]

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os/exec"
 	"slices"
 	"sort"
@@ -125,22 +126,22 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 // WriteFull adds every object of r to tx, assuming an empty table.
 func WriteFull(tx *knftables.Transaction, r *Rendered) {
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("netwarden NetworkPolicy; managed, do not edit")})
-	for _, name := range sortedKeys(r.Sets) {
+	for _, name := range slices.Sorted(maps.Keys(r.Sets)) {
 		addSetObject(tx, name, r.Sets[name])
 	}
-	for _, name := range sortedKeys(r.Chains) {
+	for _, name := range slices.Sorted(maps.Keys(r.Chains)) {
 		addChainObject(tx, name, r.Chains[name])
 	}
-	for _, name := range sortedKeys(r.Chains) {
+	for _, name := range slices.Sorted(maps.Keys(r.Chains)) {
 		for _, rule := range r.Chains[name].rules {
 			tx.Add(&knftables.Rule{Chain: name, Rule: rule})
 		}
 	}
 	// Elements last: verdict map elements reference chains.
-	for _, name := range sortedKeys(r.Sets) {
+	for _, name := range slices.Sorted(maps.Keys(r.Sets)) {
 		s := r.Sets[name]
 		elems := s.elements()
-		for _, k := range sortedKeys(elems) {
+		for _, k := range slices.Sorted(maps.Keys(elems)) {
 			tx.Add(element(name, s, k, elems[k]))
 		}
 	}
@@ -337,7 +338,7 @@ func diffElements(out []elementChange, name string, s, old *set) []elementChange
 	switch {
 	case old == nil:
 		elems := s.elements()
-		for _, k := range sortedKeys(elems) {
+		for _, k := range slices.Sorted(maps.Keys(elems)) {
 			out = append(out, elementChange{set: name, isMap: s.isMap, key: k, value: elems[k]})
 		}
 	case s.base != nil && s.base == old.src:

@@ -482,7 +482,7 @@ func TestKernelWholeFamilyIPBlock(t *testing.T) {
 		}
 		// Every set of the ipBlocks, and for each whether it holds 10.0.0.1, fd00::1, fd00::2.
 		var got []string
-		for _, name := range sortedKeys(rs2.CIDRSets) {
+		for _, name := range slices.Sorted(maps.Keys(rs2.CIDRSets)) {
 			var in []string
 			for _, a := range []string{"10.0.0.1", "10.0.0.2", "fd00::1", "fd00::2", "9000::1"} {
 				if netip.MustParseAddr(a).Is6() != rs2.CIDRSets[name].IPv6 {

@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -560,13 +559,4 @@ func portRange(r policy.PortRange) string {
 		return fmt.Sprint(r.First)
 	}
 	return fmt.Sprintf("%d-%d", r.First, r.Last)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
