@@ -800,64 +800,39 @@ func clusterPolicyLines(chain string, p *policy.ClusterPolicyRules, logDrops boo
 	return out, nil
 }
 
-// appendMatchLines appends to out the lines of one rule (any of peers, any of ports; none
-// means any), each ending in target.
+// appendMatchLines appends to out the lines of one rule (see policy.Matches), each ending in
+// target. iptables and ip6tables are separate, so a line goes to its family's list.
 func appendMatchLines(out *[2][]string, dir policy.Direction, peers []policy.Peer, ports []policy.PortMatch, target string) {
 	peerDir := "src"
 	if dir == policy.Egress {
 		peerDir = "dst"
 	}
-	if len(peers) == 0 {
-		peers = []policy.Peer{{}}
-	}
-	if len(ports) == 0 {
-		ports = []policy.PortMatch{{}}
-	}
-	for _, peer := range peers {
-		for _, port := range ports {
-			// No ranges is every port. An explicit range is always compared, 0-0 too: the
-			// compiler writes that for a protocol entry it does not know, to match nothing.
-			ranges, anyPort := port.Ranges, len(port.Ranges) == 0
-			if anyPort {
-				ranges = []policy.PortRange{{}}
-			}
-			for _, fam := range peerFamilies(peer) {
-				for _, pr := range ranges {
-					var parts []string
-					if port.Protocol != "" {
-						parts = append(parts, "-p "+string(port.Protocol))
-					}
-					switch {
-					case peer.AddrSet != "":
-						parts = append(parts, "-m set --match-set "+podSet(peer.AddrSet, fam)+" "+peerDir)
-					case peer.CIDRSet != "":
-						parts = append(parts, "-m set --match-set "+cidrSet(peer.CIDRSet, fam)+" "+peerDir)
-					}
-					if port.Protocol != "" {
-						switch {
-						case port.NamedPortSet != "":
-							parts = append(parts, "-m set --match-set "+portSet(port.NamedPortSet, fam)+" dst,dst")
-						case !anyPort:
-							parts = append(parts, "-m "+string(port.Protocol)+" --dport "+portRange(pr))
-						}
-					}
-					out[fam] = append(out[fam], strings.Join(append(parts, target), " "))
-				}
+	for m := range policy.Matches(peers, ports) {
+		fam := v4
+		if m.IPv6 {
+			fam = v6
+		}
+		var parts []string
+		if m.Port.Protocol != "" {
+			parts = append(parts, "-p "+string(m.Port.Protocol))
+		}
+		switch {
+		case m.Peer.AddrSet != "":
+			parts = append(parts, "-m set --match-set "+podSet(m.Peer.AddrSet, fam)+" "+peerDir)
+		case m.Peer.CIDRSet != "":
+			parts = append(parts, "-m set --match-set "+cidrSet(m.Peer.CIDRSet, fam)+" "+peerDir)
+		}
+		if m.Port.Protocol != "" {
+			switch {
+			case m.Port.NamedPortSet != "":
+				parts = append(parts, "-m set --match-set "+portSet(m.Port.NamedPortSet, fam)+" dst,dst")
+			case !m.AnyPort:
+				// An explicit range is always compared, 0-0 too.
+				parts = append(parts, "-m "+string(m.Port.Protocol)+" --dport "+portRange(m.Range))
 			}
 		}
+		out[fam] = append(out[fam], strings.Join(append(parts, target), " "))
 	}
-}
-
-// peerFamilies returns the families a peer needs a rule in. Unlike an inet table, iptables and
-// ip6tables are separate, so a rule that names no family-specific set goes to both.
-func peerFamilies(peer policy.Peer) []int {
-	if peer.CIDRSet != "" {
-		if peer.IPv6 {
-			return []int{v6}
-		}
-		return []int{v4}
-	}
-	return []int{v4, v6}
 }
 
 func portRange(r policy.PortRange) string {

@@ -498,53 +498,28 @@ func policyRules(p *policy.PolicyRules, counters bool) []ruleSpec {
 	return out
 }
 
-// expandRule appends the nft rules of one model rule, each ending in verdict's verdict: one
-// per peer, port range and IP family.
+// expandRule appends the nft rules of one model rule (see policy.Matches), each ending in
+// verdict's verdict.
 func expandRule(out []ruleSpec, dir policy.Direction, peers []policy.Peer, ports []policy.PortMatch, verdict ruleSpec) []ruleSpec {
 	peerAddr := "saddr"
 	if dir == policy.Egress {
 		peerAddr = "daddr"
 	}
-	if len(peers) == 0 {
-		peers = []policy.Peer{{}}
-	}
-	if len(ports) == 0 {
-		ports = []policy.PortMatch{{}}
-	}
-	for _, peer := range peers {
-		for _, port := range ports {
-			ranges := port.Ranges
-			if len(ranges) == 0 {
-				ranges = []policy.PortRange{{}}
-			}
-			for _, v6 := range families(peer) {
-				for _, pr := range ranges {
-					sp := verdict
-					sp.v6, sp.proto, sp.ports = v6, port.Protocol, pr
-					switch {
-					case peer.AddrSet != "":
-						sp.peerAddr, sp.peerSet = peerAddr, peer.AddrSet+famSuffix(v6)
-					case peer.CIDRSet != "":
-						sp.peerAddr, sp.peerSet = peerAddr, peer.CIDRSet
-					}
-					if port.NamedPortSet != "" {
-						sp.namedSet = port.NamedPortSet + famSuffix(v6)
-					}
-					out = append(out, sp)
-				}
-			}
+	for m := range policy.Matches(peers, ports) {
+		sp := verdict
+		sp.v6, sp.proto, sp.ports = m.IPv6, m.Port.Protocol, m.Range
+		switch {
+		case m.Peer.AddrSet != "":
+			sp.peerAddr, sp.peerSet = peerAddr, m.Peer.AddrSet+famSuffix(m.IPv6)
+		case m.Peer.CIDRSet != "":
+			sp.peerAddr, sp.peerSet = peerAddr, m.Peer.CIDRSet
 		}
+		if m.Port.NamedPortSet != "" {
+			sp.namedSet = m.Port.NamedPortSet + famSuffix(m.IPv6)
+		}
+		out = append(out, sp)
 	}
 	return out
-}
-
-// families returns the IP families a peer needs a rule for: an ipBlock's own, else
-// both (a rule that names no family-specific set is the same in each).
-func families(peer policy.Peer) []bool {
-	if peer.CIDRSet != "" {
-		return []bool{peer.IPv6}
-	}
-	return []bool{false, true}
 }
 
 func ipKeyword(v6 bool) string {
