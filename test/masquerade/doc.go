@@ -1,0 +1,2 @@
+// Package masquerade proves the agent's masquerade with packets on every backend.
+package masquerade
