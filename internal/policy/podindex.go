@@ -12,6 +12,14 @@ import (
 	"github.com/netwarden/netwarden/internal/cluster"
 )
 
+// podInfo is an eligible pod: running or pending with IPs, not on the host network.
+type podInfo struct {
+	pod    *corev1.Pod
+	key    string
+	ips    []netip.Addr
+	labels labels.Set
+}
+
 // podChange is a pod whose object differs from the previous snapshot; old or new is nil when
 // the pod was not eligible (or did not exist) on that side.
 type podChange struct {

@@ -1,20 +1,9 @@
 package policy
 
 import (
-	"net/netip"
-
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 )
-
-// podInfo is an eligible pod: running or pending with IPs, not on the host network.
-type podInfo struct {
-	pod    *corev1.Pod
-	key    string
-	ips    []netip.Addr
-	labels labels.Set
-}
 
 // selectorCache parses each LabelSelector once. Policies in a snapshot are immutable and
 // replaced on change, so a selector's address identifies its content across compiles too.
