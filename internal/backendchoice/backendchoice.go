@@ -56,7 +56,7 @@ func Candidates(requested string) ([]Kind, error) {
 	case string(NFTables), string(IPTablesNFT), string(IPTablesLegacy):
 		return []Kind{Kind(requested)}, nil
 	}
-	return nil, fmt.Errorf("%q: want auto, nftables or iptables", requested)
+	return nil, errors.New("want auto, nftables or iptables")
 }
 
 func iptablesVariants() ([]Kind, error) {

@@ -23,7 +23,7 @@ func TestCandidates(t *testing.T) {
 		{"nftables", "legacy", []Kind{NFTables}, ""},
 		{"iptables-legacy", "nft", []Kind{IPTablesLegacy}, ""},
 		{"iptables", "ebtables", nil, "$NETWARDEN_IPTABLES_MODE"},
-		{"ipvs", "", nil, `"ipvs": want auto, nftables or iptables`},
+		{"ipvs", "", nil, "want auto, nftables or iptables"},
 	} {
 		t.Setenv(ModeEnv, tc.env)
 		got, err := Candidates(tc.requested)

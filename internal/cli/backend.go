@@ -25,7 +25,7 @@ func policyBackend(ctx context.Context, name string) (dataplane.PolicyBackend, e
 		return nftables.New()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("--backend %s: %w", name, err)
+		return nil, fmt.Errorf("--backend %q: %w", name, err)
 	}
 	return b, nil
 }

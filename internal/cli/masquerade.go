@@ -97,7 +97,7 @@ func masqueradeBackend(ctx context.Context, name string) (masquerade.Backend, er
 		return masquerade.NewNFTables()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("--backend %s: %w", name, err)
+		return nil, fmt.Errorf("--backend %q: %w", name, err)
 	}
 	return b, nil
 }
