@@ -27,7 +27,7 @@ type Config struct {
 	NodeName string
 	Source   cluster.Source
 	// Policy is the NetworkPolicy backend; nil disables NetworkPolicy enforcement.
-	Policy dataplane.PolicyBackend
+	Policy policy.Backend
 	// RetireOtherPolicyBackends, when set, removes what other NetworkPolicy backends left in the
 	// kernel (an earlier run on nftables when this one uses iptables, say). It runs after the
 	// first successful sync, so that the old rules judge traffic until the new ones do.
