@@ -27,7 +27,7 @@ type Config struct {
 	NodeName string
 	Source   cluster.Source
 	// Policy is the NetworkPolicy backend; nil disables NetworkPolicy enforcement.
-	Policy dataplane.PolicyBackend
+	Policy policy.Backend
 	// RetireOtherPolicyBackends, when set, removes what other NetworkPolicy backends left in the
 	// kernel (an earlier run on nftables when this one uses iptables, say). It runs after the
 	// first successful sync, so that the old rules judge traffic until the new ones do.
@@ -65,11 +65,9 @@ type Agent struct {
 	metrics     *metrics
 	ready       atomic.Bool // the NetworkPolicy feature (or its absence) is ready
 	readyLogged atomic.Bool
-	trigger     chan struct{}
+	policy      *syncLoop // nil without NetworkPolicy
 	masq        *masqLoop
-	// lastEvent is when the oldest unprocessed change was seen, for programming latency.
-	lastEvent atomic.Int64
-	status    statusBoard
+	status      statusBoard
 	// inSync: the kernel holds the Ruleset the compiler made last (policy loop only).
 	inSync  bool
 	skipped skipReport
@@ -93,9 +91,10 @@ func New(cfg Config) *Agent {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, trigger: make(chan struct{}, 1), compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics()}
+	a := &Agent{cfg: cfg, log: cfg.Logger, compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics()}
 	if cfg.Policy != nil {
 		a.status.policy = &FeatureStatus{Backend: cfg.Policy.Name()}
+		a.policy = a.newPolicyLoop()
 	}
 	if cfg.Masquerade != nil {
 		a.masq = newMasqLoop(a, cfg.Masquerade)
@@ -114,13 +113,11 @@ func New(cfg Config) *Agent {
 }
 
 func (a *Agent) notify() {
-	a.lastEvent.CompareAndSwap(0, time.Now().UnixNano())
-	select {
-	case a.trigger <- struct{}{}:
-	default:
+	if a.policy != nil {
+		a.policy.notify()
 	}
 	if a.masq != nil {
-		a.masq.notify()
+		a.masq.loop.notify()
 	}
 }
 
@@ -235,7 +232,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.cfg.Policy != nil {
 		a.metrics.backendInfo.WithLabelValues("network-policy", a.cfg.Policy.Name()).Set(1)
-		a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()) // exported as 0 from the start
 	}
 	if a.cfg.DropLog != nil && a.cfg.Policy != nil {
 		// Before the first sync, so that no logged drop goes unread and a group another
@@ -267,7 +263,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.ready.Store(true)
 		a.logReady()
 	} else {
-		go func() { loops <- a.policyLoop(ctx) }()
+		go func() { loops <- a.policy.run(ctx, nil) }()
 	}
 	select {
 	case <-ctx.Done():
@@ -283,92 +279,24 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// policyLoop keeps the NetworkPolicy rules in step with the state until ctx is done.
-func (a *Agent) policyLoop(ctx context.Context) error {
-
-	resync := time.NewTicker(a.cfg.ResyncPeriod)
-	defer resync.Stop()
-	retry := time.NewTimer(0)
-	<-retry.C
-	backoff := time.Duration(0)
-	compact := time.NewTimer(0)
-	<-compact.C
+// newPolicyLoop returns the loop that keeps the NetworkPolicy rules in step with the state.
+func (a *Agent) newPolicyLoop() *syncLoop {
 	compactor, _ := a.cfg.Policy.(dataplane.Compactor)
-
-	// The first sync replaces the table whole: it converges from whatever an earlier agent
-	// left in the kernel in one atomic step.
-	full := true
-	pending := true
-	repairing := false // the pending full sync restores rules someone else changed
-	var lastSync time.Time
-	for {
-		if pending {
-			pending = false
-			lastSync = time.Now()
-			if err := a.syncOnce(ctx, full); err != nil {
-				a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()).Inc()
-				a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.LastError = err.Error() })
-				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
-				a.log.Error("sync failed; the kernel keeps the last applied rules", "err", err, "retryIn", backoff)
-				retry.Reset(backoff)
-			} else {
-				if repairing {
-					a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Repairs++ })
-				}
-				full, backoff, repairing = false, 0, false
-				if !a.ready.Load() {
-					// Ready (on /readyz and /status) only once the other backends' rules are
-					// gone too, as the "ready" log line always said.
-					a.retire("network policy", a.cfg.RetireOtherPolicyBackends, ctx)
-					a.ready.Store(true)
-					a.logReady()
-				}
-				if compactor != nil && compactor.CompactionPending() {
-					compact.Reset(a.cfg.CompactDelay)
-					a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.CompactionPending = true })
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-a.trigger:
-			// Events that keep coming are coalesced into one transaction per interval; the
-			// first after a quiet time waits for nothing.
-			if d := time.Until(lastSync.Add(a.cfg.MinSyncInterval)); d > 0 {
-				time.Sleep(d)
-			}
-			pending = true
-		case <-retry.C:
-			pending = true
-		case <-compact.C:
-			if !compactor.CompactionPending() {
-				break // a later sync compacted already
-			}
-			start := time.Now()
-			res, err := compactor.Compact(ctx)
-			if err != nil {
-				a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()).Inc()
-				a.log.Error("compaction failed; replacing the rules whole", "err", err)
-				full, pending = true, true
-				break
-			}
-			a.metrics.compactions.Inc()
-			a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.CompactionPending = compactor.CompactionPending() })
-			a.log.Info("compacted: removed what earlier changes left unreachable", "backend", a.cfg.Policy.Name(),
-				"operations", res.Operations, "full", res.Full, "took", time.Since(start).Round(time.Microsecond))
-		case <-resync.C:
-			if err := a.cfg.Policy.Verify(ctx); err != nil {
-				a.log.Warn("repairing kernel state", "reason", err)
-				a.metrics.driftRepairs.Inc()
-				full, pending, repairing = true, true, true
-			}
-		}
+	return &syncLoop{
+		a: a, feature: "network policy", backend: a.cfg.Policy.Name(), status: &a.status.policy,
+		ready: &a.ready, retireOthers: a.cfg.RetireOtherPolicyBackends,
+		sync: a.syncOnce, verify: a.cfg.Policy.Verify,
+		minInterval: a.cfg.MinSyncInterval, resyncEvery: func() time.Duration { return a.cfg.ResyncPeriod },
+		compactor: compactor, compactDelay: a.cfg.CompactDelay,
+		// The error counter is created here so that it is exported as 0 from the start.
+		syncErrors: a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()), driftRepairs: a.metrics.driftRepairs,
+		failedMsg: "sync failed; the kernel keeps the last applied rules", repairMsg: "repairing kernel state",
+		trigger: make(chan struct{}, 1),
 	}
 }
 
-func (a *Agent) syncOnce(ctx context.Context, full bool) error {
-	seen := a.lastEvent.Swap(0)
+// syncOnce is the NetworkPolicy loop's sync.
+func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	start := time.Now()
 	// The snapshot's Generation and Revision are what the kernel holds once its rules apply.
 	st := a.cfg.Source.Snapshot()
@@ -392,11 +320,9 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 		res, err = a.cfg.Policy.Sync(ctx, rs)
 	}
 	if err != nil {
-		a.lastEvent.CompareAndSwap(0, seen)
 		return err
 	}
 	if err := a.afterSync(ctx, cst, rs, res); err != nil {
-		a.lastEvent.CompareAndSwap(0, seen)
 		return err
 	}
 	a.inSync = true
@@ -404,19 +330,14 @@ func (a *Agent) syncOnce(ctx context.Context, full bool) error {
 	a.metrics.observeSync(a.cfg.Policy.Name(), res, stats, time.Since(start).Seconds())
 	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
 	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
-	if seen != 0 {
-		a.metrics.programLatency.Observe(time.Since(time.Unix(0, seen)).Seconds())
+	if !seen.IsZero() {
+		a.metrics.programLatency.Observe(time.Since(seen).Seconds())
 	}
 	attrs := []any{"backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", time.Since(compiled).Round(time.Microsecond),
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
 		"clusterPolicies", stats.ClusterPoliciesSelecting}
-	if seen != 0 {
-		attrs = append(attrs, "sinceEvent", time.Since(time.Unix(0, seen)).Round(time.Microsecond))
-	}
-	if res.Fallback != "" {
-		attrs = append(attrs, "fallbackReason", res.Fallback)
-	}
+	attrs = syncedAttrs(attrs, seen, res)
 	if res.Operations > 0 || res.Full {
 		a.log.Info("synced", attrs...)
 	} else {

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -31,10 +30,10 @@ type Masquerade struct {
 // event-driven: rules are written only when the desired state changes, and the kernel is
 // checked (not rewritten) at the config's resyncInterval.
 type masqLoop struct {
-	a       *Agent
-	cfg     *Masquerade
-	trigger chan struct{}
-	ready   atomic.Bool
+	a     *Agent
+	cfg   *Masquerade
+	loop  *syncLoop
+	ready atomic.Bool
 	// last is the desired state of the last successful sync; nil before the first one.
 	last *masquerade.Desired
 	// generation numbers the successful masquerade syncs, for Status: the Revision alone does
@@ -43,8 +42,6 @@ type masqLoop struct {
 	// warnedNoSources avoids repeating the same warning on every Node event.
 	warnedNoSources bool
 	metrics         *masqMetrics
-	// lastEvent is when the oldest unprocessed change was seen, for programming latency.
-	lastEvent atomic.Int64
 }
 
 type masqMetrics struct {
@@ -90,17 +87,20 @@ func newMasqLoop(a *Agent, cfg *Masquerade) *masqLoop {
 	}
 	a.metrics.registry.MustRegister(m.syncDuration, m.syncErrors, m.configErrors, m.configValid, m.driftRepairs, m.ranges, m.latency)
 	a.metrics.backendInfo.WithLabelValues("masquerade", cfg.Backend.Name()).Set(1)
-	m.syncErrors.WithLabelValues(cfg.Backend.Name())
 	a.status.masq = &FeatureStatus{Backend: cfg.Backend.Name()}
-	return &masqLoop{a: a, cfg: cfg, trigger: make(chan struct{}, 1), metrics: m}
-}
-
-func (l *masqLoop) notify() {
-	l.lastEvent.CompareAndSwap(0, time.Now().UnixNano())
-	select {
-	case l.trigger <- struct{}{}:
-	default:
+	l := &masqLoop{a: a, cfg: cfg, metrics: m}
+	l.loop = &syncLoop{
+		a: a, feature: "masquerade", backend: cfg.Backend.Name(), status: &a.status.masq,
+		ready: &l.ready, retireOthers: cfg.RetireOthers,
+		sync: l.sync, verify: l.verify, resyncEvery: l.resyncEvery,
+		// minInterval stays 0, no coalescing delay: computing from the Nodes is cheap, and a
+		// sync whose outcome equals the last one sends nothing.
+		// The error counter is created here so that it is exported as 0 from the start.
+		syncErrors: m.syncErrors.WithLabelValues(cfg.Backend.Name()), driftRepairs: m.driftRepairs,
+		failedMsg: "masquerade sync failed; the kernel keeps the last applied rules", repairMsg: "restoring masquerade rules",
+		trigger: make(chan struct{}, 1),
 	}
+	return l
 }
 
 // masqInputs are what one masquerade sync computed its rules from.
@@ -184,6 +184,7 @@ func (l *masqLoop) once(ctx context.Context) error {
 	return nil
 }
 
+// run syncs until ctx is done; a failure to watch the config file ends it.
 func (l *masqLoop) run(ctx context.Context) error {
 	if _, err := l.cfg.Config.Reload(); err != nil {
 		l.metrics.configErrors.Inc()
@@ -195,91 +196,37 @@ func (l *masqLoop) run(ctx context.Context) error {
 			if cs := l.cfg.Config.State(); cs.Err != nil {
 				l.metrics.configErrors.Inc()
 			}
-			l.notify()
+			l.loop.notify()
 		})
 	}()
-
-	resyncEvery := func() time.Duration {
-		if cs := l.cfg.Config.State(); cs.Good {
-			return cs.Config.ResyncInterval
-		}
-		return time.Minute
-	}
-	interval := resyncEvery()
-	resync := time.NewTicker(interval)
-	defer resync.Stop()
-	retry := time.NewTimer(0)
-	<-retry.C
-	backoff := time.Duration(0)
-	full, pending := true, true
-	repairing := false // the pending full sync restores rules someone else changed
-	for {
-		if pending {
-			pending = false
-			err := l.sync(ctx, full)
-			switch {
-			case errors.Is(err, errNoConfig):
-				// Nothing to do until the file is fixed; the watcher will tell us.
-			case err != nil:
-				l.metrics.syncErrors.WithLabelValues(l.cfg.Backend.Name()).Inc()
-				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
-				l.a.log.Error("masquerade sync failed; the kernel keeps the last applied rules", "err", err, "retryIn", backoff)
-				retry.Reset(backoff)
-			default:
-				if repairing {
-					l.a.status.update(&l.a.status.masq, func(fs *FeatureStatus) { fs.Repairs++ })
-				}
-				full, backoff, repairing = false, 0, false
-				if !l.ready.Load() {
-					// Ready (on /readyz and /status) only once the other backends' rules are
-					// gone too, as the "ready" log line always said.
-					l.a.retire("masquerade", l.cfg.RetireOthers, ctx)
-					l.ready.Store(true)
-					l.a.logReady()
-				}
-			}
-			if d := resyncEvery(); d != interval {
-				interval = d
-				resync.Reset(interval)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-watchErr:
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		case <-l.trigger:
-			// No coalescing delay: computing from the Nodes is cheap, and a sync whose outcome
-			// equals the last one sends nothing.
-			pending = true
-		case <-retry.C:
-			pending = true
-		case <-resync.C:
-			if l.last == nil {
-				continue
-			}
-			if err := l.cfg.Backend.Verify(ctx); err != nil {
-				l.a.log.Warn("restoring masquerade rules", "reason", err)
-				l.metrics.driftRepairs.Inc()
-				full, pending, repairing = true, true, true
-			}
-		}
-	}
+	return l.loop.run(ctx, watchErr)
 }
 
-var errNoConfig = errors.New("no valid masquerade config")
+// resyncEvery follows the config in effect.
+func (l *masqLoop) resyncEvery() time.Duration {
+	if cs := l.cfg.Config.State(); cs.Good {
+		return cs.Config.ResyncInterval
+	}
+	return time.Minute
+}
 
-func (l *masqLoop) sync(ctx context.Context, full bool) error {
-	seen := l.lastEvent.Swap(0)
+// verify checks nothing before the first sync: no rules of this run exist to drift, and a
+// config that never was valid must not count as drift.
+func (l *masqLoop) verify(ctx context.Context) error {
+	if l.last == nil {
+		return nil
+	}
+	return l.cfg.Backend.Verify(ctx)
+}
+
+// sync is the masquerade loop's sync.
+func (l *masqLoop) sync(ctx context.Context, full bool, seen time.Time) error {
 	start := time.Now()
 	d, in, err := l.desired()
 	if err != nil {
 		l.a.log.Error("masquerade not applied", "err", err)
 		l.applied(in, err)
-		return errNoConfig
+		return errIdle // until the config file is fixed; the watcher will tell us
 	}
 	if !full && l.last != nil && l.last.Equal(d) {
 		l.applied(in, nil)
@@ -292,13 +239,12 @@ func (l *masqLoop) sync(ctx context.Context, full bool) error {
 		res, err = l.cfg.Backend.Sync(ctx, d)
 	}
 	if err != nil {
-		l.lastEvent.CompareAndSwap(0, seen)
 		l.applied(in, err)
 		return err
 	}
 	l.last = d
-	if seen != 0 {
-		l.metrics.latency.Observe(time.Since(time.Unix(0, seen)).Seconds())
+	if !seen.IsZero() {
+		l.metrics.latency.Observe(time.Since(seen).Seconds())
 	}
 	kind := "partial"
 	if res.Full {
@@ -312,13 +258,7 @@ func (l *masqLoop) sync(ctx context.Context, full bool) error {
 	attrs := []any{"backend", l.cfg.Backend.Name(), "generation", l.generation + 1, "full", res.Full, "operations", res.Operations,
 		"apply", time.Since(start).Round(time.Microsecond),
 		"sources", describeRanges(d.Sources), "nonMasqueradeRanges", len(d.NoMasquerade[0]) + len(d.NoMasquerade[1])}
-	if seen != 0 {
-		attrs = append(attrs, "sinceEvent", time.Since(time.Unix(0, seen)).Round(time.Microsecond))
-	}
-	if res.Fallback != "" {
-		attrs = append(attrs, "fallbackReason", res.Fallback)
-	}
-	l.a.log.Info("masquerade synced", attrs...)
+	l.a.log.Info("masquerade synced", syncedAttrs(attrs, seen, res)...)
 	// After the log line, so that whoever sees the status can read the line too.
 	l.applied(in, nil)
 	return nil

@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"github.com/netwarden/netwarden/internal/backendchoice"
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -17,8 +16,8 @@ import (
 // policyBackend opens the NetworkPolicy backend for --backend (auto, nftables or iptables),
 // chosen as backendchoice says. The caller logs the choice with the backend's Name(), which
 // says the iptables variant too.
-func policyBackend(ctx context.Context, name string) (dataplane.PolicyBackend, error) {
-	b, _, err := backendchoice.Open(ctx, name, func(ctx context.Context, k backendchoice.Kind) (dataplane.PolicyBackend, error) {
+func policyBackend(ctx context.Context, name string) (policy.Backend, error) {
+	b, _, err := backendchoice.Open(ctx, name, func(ctx context.Context, k backendchoice.Kind) (policy.Backend, error) {
 		if mode, ok := k.IPTablesMode(); ok {
 			return iptables.New(ctx, mode)
 		}
@@ -82,7 +81,7 @@ func cleanupPolicy(ctx context.Context) error {
 // kernel: when auto picks iptables after a host lost nft, or an operator changes --backend, the
 // old rules must not keep judging packets beside the new ones. (The iptables backend's full sync
 // already removes its rules from the other iptables variant.)
-func retireOtherPolicyBackends(chosen dataplane.PolicyBackend) func(context.Context) error {
+func retireOtherPolicyBackends(chosen policy.Backend) func(context.Context) error {
 	return func(ctx context.Context) error {
 		if _, isNFT := chosen.(*nftables.Backend); isNFT {
 			// The two variants are separate tools with separate tables: looking at both at once

@@ -11,10 +11,10 @@ import (
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cni/gate"
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/guard"
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"
+	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 
@@ -45,7 +45,7 @@ func (f *guardFlags) check(networkPolicy bool) error {
 }
 
 // apply sets the agent's guard for the policy backend chosen.
-func (f *guardFlags) apply(cfg *agent.Config, backend dataplane.PolicyBackend) error {
+func (f *guardFlags) apply(cfg *agent.Config, backend policy.Backend) error {
 	mark, err := strconv.ParseUint(f.denyMark, 0, 32)
 	if err != nil || mark == 0 {
 		return fmt.Errorf("--conntrack-deny-mark %q: want a non-zero 32-bit mask such as 0x%x", f.denyMark, agent.DefaultDenyMark)

@@ -1,12 +1,27 @@
-// Package dataplane defines what the agent needs from a kernel backend, so the sync loop does
-// not depend on nftables or iptables.
+// Package dataplane is the contract between a feature's sync loop and the kernel backends that
+// program it, whatever the feature. It imports nothing of ours, so that every feature's model
+// and every backend can import it without dragging another feature along.
 package dataplane
 
-import (
-	"context"
+import "context"
 
-	"github.com/netwarden/netwarden/internal/policy"
-)
+// Backend programs a desired state D into the kernel. Each feature instantiates it over its
+// own model: policy.Backend over *policy.Ruleset, masquerade.Backend over *masquerade.Desired.
+type Backend[D any] interface {
+	// Name is the backend's name as the --backend flag, logs and metrics spell it.
+	Name() string
+	// Sync makes the kernel hold d in one transaction, sending only the difference from the
+	// last successful sync when it can.
+	Sync(ctx context.Context, d D) (SyncResult, error)
+	// FullSync replaces everything the backend owns with d in one transaction.
+	FullSync(ctx context.Context, d D) (SyncResult, error)
+	// Verify reports an error when the kernel no longer holds what was last applied.
+	Verify(ctx context.Context) error
+	// Cleanup removes everything the backend installed.
+	Cleanup(ctx context.Context) error
+	// Render returns the complete rules for d as the backend would apply them, touching nothing.
+	Render(d D) string
+}
 
 // SyncResult describes one kernel transaction.
 type SyncResult struct {
@@ -19,32 +34,23 @@ type SyncResult struct {
 	// Skipped lists the policies the backend cannot express, sorted by name. Each is applied
 	// fail-closed: the pods it selects stay isolated in its directions, and it admits nothing.
 	// Every other policy is applied.
-	Skipped []policy.SkippedPolicy
+	Skipped []Skipped
+}
+
+// Skipped is a policy a backend cannot express, and why. It is defined here rather than in
+// package policy, which decides it (policy.FailClosed, whose policy.SkippedPolicy is this type),
+// because a SyncResult reports it and this package must not import a feature's model.
+type Skipped struct {
+	Policy string `json:"policy"` // "namespace/name"
+	Reason string `json:"reason"`
 }
 
 // Size counts the objects a backend keeps in the kernel.
 type Size struct{ Chains, Rules, Sets, Elements int }
 
-// PolicyBackend programs a policy.Ruleset into the kernel.
-type PolicyBackend interface {
-	// Name is the backend's name as the --backend flag spells it.
-	Name() string
-	// Sync makes the kernel hold rs in one transaction, sending only the difference from
-	// the last successful sync when it can.
-	Sync(ctx context.Context, rs *policy.Ruleset) (SyncResult, error)
-	// FullSync replaces everything the backend owns with rs in one transaction.
-	FullSync(ctx context.Context, rs *policy.Ruleset) (SyncResult, error)
-	// Verify reports an error when the kernel no longer holds what was last applied.
-	Verify(ctx context.Context) error
-	// Cleanup removes everything the backend installed.
-	Cleanup(ctx context.Context) error
-	// Render returns the complete ruleset for rs as the backend would apply it, touching nothing.
-	Render(rs *policy.Ruleset) string
-}
-
-// Compactor is a PolicyBackend that may apply a change as additions only and leave the
-// removals it makes unreachable for later, because removing costs far more than adding (the
-// iptables-nft backend). The sync loop compacts once no change has come for a while.
+// Compactor is a backend that may apply a change as additions only and leave the removals it
+// makes unreachable for later, because removing costs far more than adding (the iptables-nft
+// NetworkPolicy backend). The sync loop compacts once no change has come for a while.
 type Compactor interface {
 	// CompactionPending reports whether removals are waiting.
 	CompactionPending() bool
@@ -62,8 +68,8 @@ type DropLog struct {
 	Burst uint32
 }
 
-// DropLogger is a PolicyBackend that can log the packets its rules drop. SetDropLog is called
-// before the first sync; nil (the default) logs nothing.
+// DropLogger is a NetworkPolicy backend that can log the packets its rules drop. SetDropLog is
+// called before the first sync; nil (the default) logs nothing.
 type DropLogger interface {
 	SetDropLog(*DropLog)
 }
@@ -80,9 +86,9 @@ type RuleCounter struct {
 	Packets uint64
 }
 
-// PolicyCounters is a PolicyBackend that can count the packets each policy's rules decide.
-// SetPolicyCounters is called before the first sync; ReadCounters lists the counted rules and
-// must not disturb a sync running at the same time.
+// PolicyCounters is a NetworkPolicy backend that can count the packets each policy's rules
+// decide. SetPolicyCounters is called before the first sync; ReadCounters lists the counted
+// rules and must not disturb a sync running at the same time.
 type PolicyCounters interface {
 	SetPolicyCounters(bool)
 	ReadCounters(ctx context.Context) ([]RuleCounter, error)

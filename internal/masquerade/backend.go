@@ -1,7 +1,6 @@
 package masquerade
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -11,21 +10,7 @@ import (
 )
 
 // Backend programs a Desired state into the kernel.
-type Backend interface {
-	// Name is the backend's name, as logs and metrics show it.
-	Name() string
-	// Sync makes the kernel hold d in one transaction, sending only the difference from the
-	// last successful sync when it can.
-	Sync(ctx context.Context, d *Desired) (dataplane.SyncResult, error)
-	// FullSync replaces everything the backend owns with d.
-	FullSync(ctx context.Context, d *Desired) (dataplane.SyncResult, error)
-	// Verify reports an error when the kernel no longer holds what was last applied.
-	Verify(ctx context.Context) error
-	// Cleanup removes everything the backend installed.
-	Cleanup(ctx context.Context) error
-	// Render returns the complete rules for d as the backend would apply them, touching nothing.
-	Render(d *Desired) string
-}
+type Backend = dataplane.Backend[*Desired]
 
 // setNames are the four address sets every backend keeps, in a fixed order.
 type setKind struct {

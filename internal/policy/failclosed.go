@@ -3,14 +3,14 @@ package policy
 import (
 	"slices"
 	"strings"
+
+	"github.com/netwarden/netwarden/internal/dataplane"
 )
 
 // SkippedPolicy is a NetworkPolicy a backend cannot express, and why. The backend applies
 // it fail-closed: the pods it selects stay isolated in its directions, but it admits nothing.
-type SkippedPolicy struct {
-	Policy string `json:"policy"` // "namespace/name"
-	Reason string `json:"reason"`
-}
+// It is dataplane's type, because a backend's SyncResult reports it.
+type SkippedPolicy = dataplane.Skipped
 
 // FailClosed returns rs without the rules of every policy that check rejects, and those
 // policies sorted by name. check is asked about each direction of each policy (by chain

@@ -183,7 +183,7 @@ func BenchmarkIncremental(b *testing.B) {
 		base := synth.Generate(spec)
 		for _, ch := range changes {
 			b.Run(fmt.Sprintf("scale=%dx/%s", k, ch.name), func(b *testing.B) {
-				benchIncremental(b, spec.LocalNode, base, ch, func() (dataplane.PolicyBackend, error) { return nftables.New() })
+				benchIncremental(b, spec.LocalNode, base, ch, func() (policy.Backend, error) { return nftables.New() })
 			})
 		}
 	}
@@ -194,7 +194,7 @@ func BenchmarkIncremental(b *testing.B) {
 // compile, render, diff and one transaction) and the size of its transaction. The snapshots
 // come from a cluster.Tracker, as the API source's do. For a backend that defers removals,
 // it also reports how many changes did and the median time of compacting them.
-func benchIncremental(b *testing.B, node string, base *cluster.State, ch change, newBackend func() (dataplane.PolicyBackend, error)) {
+func benchIncremental(b *testing.B, node string, base *cluster.State, ch change, newBackend func() (policy.Backend, error)) {
 	bed := newBed(b)
 	var latencies, compactions []time.Duration
 	var ops []int
@@ -273,7 +273,7 @@ func benchIncremental(b *testing.B, node string, base *cluster.State, ch change,
 // through the node, with no rules and with the whole benchmark cluster's policies loaded. The
 // server's namespace is isolated and the flow is allowed only by the policy that sorts last.
 func BenchmarkConnRate(b *testing.B) {
-	connRate(b, synth.Default(), func() (dataplane.PolicyBackend, error) { return nftables.New() })
+	connRate(b, synth.Default(), func() (policy.Backend, error) { return nftables.New() })
 }
 
 // connRate measures the connection rate of three configurations of one backend: no rules, our
@@ -295,7 +295,7 @@ func BenchmarkConnRate(b *testing.B) {
 // than what 100 rounds leave of the 12% spread of one round's ratio; more epochs are what
 // narrows the result. ratio-ci90-lo and -hi bound the ratio by resampling whole epochs, so a
 // reader sees how far one run's figure can be trusted.
-func connRate(b *testing.B, spec synth.Spec, newBackend func() (dataplane.PolicyBackend, error)) {
+func connRate(b *testing.B, spec synth.Spec, newBackend func() (policy.Backend, error)) {
 	requireRoot(b)
 	// Short rounds: on a shared host the speed drifts within seconds (30% steal time and
 	// rates moving between 6,000 and 12,000 conn/s in one run were seen), and only drift

@@ -10,7 +10,6 @@ import (
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -118,11 +117,11 @@ func BenchmarkClusterPolicies(b *testing.B) {
 	})
 	for _, ch := range clusterPolicyChanges {
 		b.Run("incremental/"+ch.name, func(b *testing.B) {
-			benchIncremental(b, spec.LocalNode, st, ch, func() (dataplane.PolicyBackend, error) { return nftables.New() })
+			benchIncremental(b, spec.LocalNode, st, ch, func() (policy.Backend, error) { return nftables.New() })
 		})
 	}
 	b.Run("connrate", func(b *testing.B) {
-		connRate(b, spec, func() (dataplane.PolicyBackend, error) { return nftables.New() })
+		connRate(b, spec, func() (policy.Backend, error) { return nftables.New() })
 	})
 }
 
@@ -165,7 +164,7 @@ func BenchmarkIPTablesClusterPolicies(b *testing.B) {
 		})
 		for _, ch := range clusterPolicyChanges {
 			b.Run(string(mode)+"/incremental/"+ch.name, func(b *testing.B) {
-				benchIncremental(b, spec.LocalNode, st, ch, func() (dataplane.PolicyBackend, error) { return newIPTables(mode) })
+				benchIncremental(b, spec.LocalNode, st, ch, func() (policy.Backend, error) { return newIPTables(mode) })
 			})
 		}
 	}

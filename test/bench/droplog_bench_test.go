@@ -23,18 +23,18 @@ import (
 // counters on and off. ratio is on over off; the target is at least 0.95. The rounds
 // are paired and rotated as in connRate, so that drift of a shared machine cancels out.
 func BenchmarkConnRateDropLog(b *testing.B) {
-	logOn := func(be dataplane.PolicyBackend) bool {
+	logOn := func(be policy.Backend) bool {
 		be.(dataplane.DropLogger).SetDropLog(&dataplane.DropLog{Group: 100, Rate: 10, Burst: 20})
 		return true
 	}
 	b.Run("nftables", func(b *testing.B) {
-		connRateWith(b, func() (dataplane.PolicyBackend, error) { return nftables.New() }, logOn)
+		connRateWith(b, func() (policy.Backend, error) { return nftables.New() }, logOn)
 	})
 	b.Run("iptables-nft", func(b *testing.B) {
-		connRateWith(b, func() (dataplane.PolicyBackend, error) { return newIPTables(xtables.ModeNFT) }, logOn)
+		connRateWith(b, func() (policy.Backend, error) { return newIPTables(xtables.ModeNFT) }, logOn)
 	})
 	b.Run("nftables-counters", func(b *testing.B) {
-		connRateWith(b, func() (dataplane.PolicyBackend, error) { return nftables.New() }, func(be dataplane.PolicyBackend) bool {
+		connRateWith(b, func() (policy.Backend, error) { return nftables.New() }, func(be policy.Backend) bool {
 			be.(dataplane.PolicyCounters).SetPolicyCounters(true)
 			return false
 		})
@@ -44,7 +44,7 @@ func BenchmarkConnRateDropLog(b *testing.B) {
 // connRateWith measures the connection rate of the benchmark cluster's policies on backends
 // as newBackend makes them ("off") and after on changes them ("on"); on reports whether the
 // "on" nodes need a reader of the drop log group.
-func connRateWith(b *testing.B, newBackend func() (dataplane.PolicyBackend, error), on func(dataplane.PolicyBackend) bool) {
+func connRateWith(b *testing.B, newBackend func() (policy.Backend, error), on func(policy.Backend) bool) {
 	requireRoot(b)
 	const (
 		epochs         = 8

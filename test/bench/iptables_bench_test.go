@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/testkit/synth"
@@ -79,7 +78,7 @@ func BenchmarkIPTablesIncremental(b *testing.B) {
 			base := synth.Generate(spec)
 			for _, ch := range changes {
 				b.Run(fmt.Sprintf("%s/scale=%dx/%s", mode, k, ch.name), func(b *testing.B) {
-					benchIncremental(b, spec.LocalNode, base, ch, func() (dataplane.PolicyBackend, error) { return newIPTables(mode) })
+					benchIncremental(b, spec.LocalNode, base, ch, func() (policy.Backend, error) { return newIPTables(mode) })
 				})
 			}
 		}
@@ -90,7 +89,7 @@ func BenchmarkIPTablesIncremental(b *testing.B) {
 func BenchmarkIPTablesConnRate(b *testing.B) {
 	for _, mode := range iptablesModes {
 		b.Run(string(mode), func(b *testing.B) {
-			connRate(b, synth.Default(), func() (dataplane.PolicyBackend, error) { return newIPTables(mode) })
+			connRate(b, synth.Default(), func() (policy.Backend, error) { return newIPTables(mode) })
 		})
 	}
 }

@@ -119,7 +119,7 @@ func TestUnexpressiblePolicyIsSkipped(t *testing.T) {
 		rs, _ := compiler.Compile(st)
 		unexpressible[be.name](rs, "x/open-c")
 
-		var b dataplane.PolicyBackend
+		var b policy.Backend
 		inNode := func(fn func() error) {
 			t.Helper()
 			if err := bed.InNode(fn); err != nil {
