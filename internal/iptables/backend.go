@@ -39,13 +39,13 @@ func New(ctx context.Context, mode xtables.Mode) (*Backend, error) {
 	return &Backend{run: r}, nil
 }
 
-// Name implements dataplane.PolicyBackend: iptables-nft or iptables-legacy.
+// Name implements policy.Backend: iptables-nft or iptables-legacy.
 func (b *Backend) Name() string { return "iptables-" + string(b.run.Mode) }
 
 // Mode is the iptables variant in use.
 func (b *Backend) Mode() xtables.Mode { return b.run.Mode }
 
-// Render implements dataplane.PolicyBackend: the ipset script and both restore inputs a sync
+// Render implements policy.Backend: the ipset script and both restore inputs a sync
 // into an empty node would apply.
 func (b *Backend) Render(rs *policy.Ruleset) string { return Dump(Render(rs)) }
 
@@ -83,7 +83,7 @@ func Dump(r *Rendered) string {
 // SetDropLog implements dataplane.DropLogger. The next sync renders every chain anew.
 func (b *Backend) SetDropLog(l *dataplane.DropLog) { b.renderer = Renderer{log: l} }
 
-// Sync implements dataplane.PolicyBackend.
+// Sync implements policy.Backend.
 func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
 	want := b.renderer.Render(rs)
 	res, err := b.SyncRendered(ctx, want)
@@ -91,7 +91,7 @@ func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncR
 	return res, err
 }
 
-// FullSync implements dataplane.PolicyBackend.
+// FullSync implements policy.Backend.
 func (b *Backend) FullSync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
 	want := b.renderer.Render(rs)
 	res, err := b.FullSyncRendered(ctx, want)

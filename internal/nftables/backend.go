@@ -53,13 +53,13 @@ func (b *Backend) SetDropLog(l *dataplane.DropLog) {
 	b.renderer = Renderer{log: l}
 }
 
-// Name implements dataplane.PolicyBackend.
+// Name implements policy.Backend.
 func (b *Backend) Name() string { return "nftables" }
 
-// Render implements dataplane.PolicyBackend.
+// Render implements policy.Backend.
 func (b *Backend) Render(rs *policy.Ruleset) string { return Dump(Render(rs)) }
 
-// Sync implements dataplane.PolicyBackend.
+// Sync implements policy.Backend.
 func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
 	want := b.renderer.Render(rs)
 	res, err := b.SyncRendered(ctx, want)
@@ -67,7 +67,7 @@ func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncR
 	return res, err
 }
 
-// FullSync implements dataplane.PolicyBackend.
+// FullSync implements policy.Backend.
 func (b *Backend) FullSync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
 	want := b.renderer.Render(rs)
 	res, err := b.FullSyncRendered(ctx, want)
