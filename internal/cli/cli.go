@@ -170,6 +170,7 @@ func agentCmd() *cobra.Command {
 	var gf guardFlags
 	var once bool
 	var healthAddr string
+	var profiling bool
 	var resync, compactDelay time.Duration
 	var df dropFlags
 	cmd := &cobra.Command{
@@ -195,10 +196,14 @@ func agentCmd() *cobra.Command {
 			if err := gf.check(f.networkPolicy); err != nil {
 				return err
 			}
-			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, CompactDelay: compactDelay, HealthAddr: healthAddr, Logger: log}
+			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, CompactDelay: compactDelay, HealthAddr: healthAddr, Profiling: profiling, Logger: log}
 			if cfg.DropLog, err = df.config(f.networkPolicy); err != nil {
 				return err
 			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			// The flags are checked; what follows probes the kernel's tools while the source loads.
+			cfg.Source = agent.StartEarly(ctx, src)
 			if f.networkPolicy {
 				if cfg.Policy, err = policyBackend(cmd.Context(), f.backend); err != nil {
 					return err
@@ -227,8 +232,6 @@ func agentCmd() *cobra.Command {
 					return err
 				}
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
 			a := agent.New(cfg)
 			if once {
 				return a.Once(ctx)
@@ -242,6 +245,7 @@ func agentCmd() *cobra.Command {
 	gf.register(cmd)
 	cmd.Flags().BoolVar(&once, "once", false, "sync once; exit 0 when the kernel holds the desired state, non-zero otherwise")
 	cmd.Flags().StringVar(&healthAddr, "health-addr", "127.0.0.1:9491", "serve /healthz, /readyz, /status (what the kernel holds, as JSON) and /metrics on HOST:PORT or unix:PATH (empty disables)")
+	cmd.Flags().BoolVar(&profiling, "profiling", false, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ on --health-addr")
 	cmd.Flags().DurationVar(&resync, "resync-period", 30*time.Second, "how often to check the kernel for drift and repair it")
 	cmd.Flags().DurationVar(&compactDelay, "compact-delay", time.Second,
 		"how long the rules must be quiet before removals that changes deferred are applied (iptables-nft, where a removal costs far more than an addition)")

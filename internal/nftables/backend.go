@@ -113,7 +113,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 	tx := b.nft.NewTransaction()
 	tx.Add(&knftables.Table{})
 	tx.Delete(&knftables.Table{})
-	WriteFull(tx, want)
+	writeFull(tx, want, true)
 	if err := b.nft.Run(ctx, tx); err != nil {
 		b.applied = nil
 		return dataplane.SyncResult{Full: true}, fmt.Errorf("nftables full sync: %w", err)
@@ -123,8 +123,20 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 	return dataplane.SyncResult{Full: true, Operations: tx.NumOperations(), Size: want.size()}, nil
 }
 
-// WriteFull adds every object of r to tx, assuming an empty table.
-func WriteFull(tx *knftables.Transaction, r *Rendered) {
+// WriteFull adds every object of r to tx, assuming an empty table, one element per command.
+func WriteFull(tx *knftables.Transaction, r *Rendered) { writeFull(tx, r, false) }
+
+// elementsPerCommand bounds the elements a grouped full sync writes in one command.
+const elementsPerCommand = 1024
+
+// writeFull adds every object of r to tx. Grouped, the elements of a set or map go in a few
+// commands rather than one each: nft parses and evaluates a command with a thousand elements
+// in about the time of a handful of one-element commands, and a full sync is mostly elements
+// (22,000 of 27,000 commands at the benchmark's scale; 0.5 s -> 0.25 s in nft). Only the kernel
+// gets grouped commands; knftables' Fake, behind Dump, reads one element per command. Interval
+// sets stay one element per command: within one command nft rejects ranges that touch or
+// overlap, which an ipBlock's set may hold.
+func writeFull(tx *knftables.Transaction, r *Rendered, grouped bool) {
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("netwarden NetworkPolicy; managed, do not edit")})
 	for _, name := range slices.Sorted(maps.Keys(r.Sets)) {
 		addSetObject(tx, name, r.Sets[name])
@@ -141,10 +153,38 @@ func WriteFull(tx *knftables.Transaction, r *Rendered) {
 	for _, name := range slices.Sorted(maps.Keys(r.Sets)) {
 		s := r.Sets[name]
 		elems := s.elements()
-		for _, k := range slices.Sorted(maps.Keys(elems)) {
-			tx.Add(element(name, s, k, elems[k]))
+		keys := slices.Sorted(maps.Keys(elems))
+		if !grouped || s.interval {
+			for _, k := range keys {
+				tx.Add(element(name, s, k, elems[k]))
+			}
+			continue
+		}
+		for chunk := range slices.Chunk(keys, elementsPerCommand) {
+			tx.Add(groupedElements(name, s, chunk, elems))
 		}
 	}
+}
+
+// groupedElements is one command adding the elements of keys to set or map name. knftables
+// writes an element as "{ KEY [: VALUE] }"; the key given here is the list of all but the last
+// value, so that the command reads "{ k1 : v1, k2 : v2, ..., kn : vn }".
+func groupedElements(name string, s *set, keys []string, elems map[string]string) *knftables.Element {
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(k)
+		if s.isMap && i < len(keys)-1 {
+			b.WriteString(" : ")
+			b.WriteString(elems[k])
+		}
+	}
+	if s.isMap {
+		return &knftables.Element{Map: name, Key: []string{b.String()}, Value: []string{elems[keys[len(keys)-1]]}}
+	}
+	return &knftables.Element{Set: name, Key: []string{b.String()}}
 }
 
 func addSetObject(tx *knftables.Transaction, name string, s *set) {
