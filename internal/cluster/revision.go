@@ -14,7 +14,7 @@ type Revision struct {
 	// Files maps each manifest file read (by base name) to the hex SHA-256 of the bytes read,
 	// whether or not they were valid: a file with problems keeps its last good objects, and
 	// its entry still says that this content was seen.
-	Files map[string]string `json:"files,omitempty"`
+	Files FileHashes `json:"files,omitzero"`
 	// ResourceVersions maps each watched resource (namespaces, pods, networkpolicies, nodes,
 	// clusternetworkpolicies) to the highest resourceVersion among the events delivered so far.
 	// A watch delivers its events in resourceVersion order, so every write of that resource up
@@ -24,7 +24,7 @@ type Revision struct {
 
 // Equal reports whether r and o name the same content.
 func (r Revision) Equal(o Revision) bool {
-	return maps.Equal(r.Files, o.Files) && maps.Equal(r.ResourceVersions, o.ResourceVersions)
+	return r.Files.Equal(o.Files) && maps.Equal(r.ResourceVersions, o.ResourceVersions)
 }
 
 // Covers reports whether r contains a write of resource at resourceVersion rv.
@@ -44,14 +44,13 @@ func ParseResourceVersion(rv string) uint64 {
 // a few of thousands.
 func (r Revision) Only(files, resources []string) Revision {
 	var out Revision
+	found := map[string]string{}
 	for _, f := range files {
-		if out.Files == nil {
-			out.Files = map[string]string{}
-		}
-		if h, ok := r.Files[f]; ok {
-			out.Files[f] = h
+		if h, ok := r.Files.Get(f); ok {
+			found[f] = h
 		}
 	}
+	out.Files = FileHashes{base: found, n: len(found)}
 	for _, res := range resources {
 		if out.ResourceVersions == nil {
 			out.ResourceVersions = map[string]uint64{}

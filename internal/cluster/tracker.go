@@ -30,9 +30,12 @@ type Tracker struct {
 	// the agent does not keep). It still makes a new snapshot, so that a writer waiting for
 	// its write to be applied sees it applied.
 	revisionChanged bool
-	// rvShared and filesShared mark cur.Revision's maps as also held by a snapshot (copy on
+	// rvShared marks cur.Revision's ResourceVersions as also held by a snapshot (copy on
 	// write), so that a published Revision never changes.
-	rvShared, filesShared bool
+	rvShared bool
+	// pendingFiles holds the file hashes set since cur.Revision.Files was last published;
+	// publishing makes a new FileHashes of them, which shares the bulk with the old.
+	pendingFiles map[string]string
 }
 
 // Kinds of object a Tracker holds, indexing Tracker.dirty.
@@ -57,7 +60,7 @@ func NewTracker() *Tracker {
 func NewTrackerFrom(st *State) *Tracker {
 	t := NewTracker()
 	t.cur = *st.Clone()
-	t.rvShared, t.filesShared = true, true // st's Revision is shared with st
+	t.rvShared = true // st's Revision is shared with st
 	return t
 }
 
@@ -152,17 +155,29 @@ func (t *Tracker) SeenResourceVersion(resource string, rv uint64) {
 func (t *Tracker) SetFile(name, sum string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if old, ok := t.cur.Revision.Files[name]; old == sum && ok == (sum != "") {
+	old, ok := t.pendingFiles[name]
+	if !ok {
+		old, ok = t.cur.Revision.Files.Get(name)
+	} else {
+		ok = old != ""
+	}
+	if old == sum && ok == (sum != "") {
 		return
 	}
-	// One copy per snapshot, not per file: a reload that reads many files pays it once.
-	files := writable(&t.cur.Revision.Files, &t.filesShared)
-	if sum == "" {
-		delete(files, name)
-	} else {
-		files[name] = sum
+	if t.pendingFiles == nil {
+		t.pendingFiles = map[string]string{}
 	}
+	t.pendingFiles[name] = sum
 	t.revisionChanged = true
+}
+
+// publishFiles folds the pending file hashes into cur.Revision.Files, which is about to be
+// handed out.
+func (t *Tracker) publishFiles() {
+	if len(t.pendingFiles) > 0 {
+		t.cur.Revision.Files = t.cur.Revision.Files.With(t.pendingFiles)
+		t.pendingFiles = nil
+	}
 }
 
 // Counts returns how many namespaces, pods, policies and nodes are stored, without taking a
@@ -192,10 +207,11 @@ func (t *Tracker) Snapshot() *State {
 	if t.last != nil && !changed {
 		return t.last
 	}
+	t.publishFiles()
 	st := &State{Namespaces: t.cur.Namespaces, Pods: t.cur.Pods, Policies: t.cur.Policies, Nodes: t.cur.Nodes,
 		ClusterPolicies: t.cur.ClusterPolicies, Generation: generations.Add(1), Revision: t.cur.Revision}
 	t.shared = [5]bool{true, true, true, true, true}
-	t.rvShared, t.filesShared, t.revisionChanged = true, true, false
+	t.rvShared, t.revisionChanged = true, false
 	if t.last != nil {
 		st.Changes = &Changes{
 			Since:      t.last.Generation,
@@ -220,7 +236,8 @@ func (t *Tracker) Nodes() (map[string]*corev1.Node, Revision) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.shared[kindNode] = true // the caller now holds cur's map too
-	t.rvShared, t.filesShared = true, true
+	t.rvShared = true
+	t.publishFiles()
 	return t.cur.Nodes, t.cur.Revision
 }
 

@@ -105,8 +105,8 @@ func TestTrackerFiles(t *testing.T) {
 	tr.SetFile("a.yaml", "1")
 	tr.SetFile("b.yaml", "2")
 	s1 := tr.Snapshot()
-	if want := map[string]string{"a.yaml": "1", "b.yaml": "2"}; !maps.Equal(s1.Revision.Files, want) {
-		t.Fatalf("files %v, want %v", s1.Revision.Files, want)
+	if want := map[string]string{"a.yaml": "1", "b.yaml": "2"}; !maps.Equal(s1.Revision.Files.Map(), want) {
+		t.Fatalf("files %v, want %v", s1.Revision.Files.Map(), want)
 	}
 	tr.SetFile("a.yaml", "1")
 	tr.SetFile("c.yaml", "")
@@ -119,15 +119,15 @@ func TestTrackerFiles(t *testing.T) {
 	if s2 == s1 || s2.Changes == nil || len(s2.Changes.Pods)+len(s2.Changes.Policies)+len(s2.Changes.Namespaces)+len(s2.Changes.Nodes) != 0 {
 		t.Errorf("a new snapshot listing no object: %+v", s2.Changes)
 	}
-	if want := map[string]string{"a.yaml": "3"}; !maps.Equal(s2.Revision.Files, want) {
-		t.Errorf("files %v, want %v", s2.Revision.Files, want)
+	if want := map[string]string{"a.yaml": "3"}; !maps.Equal(s2.Revision.Files.Map(), want) {
+		t.Errorf("files %v, want %v", s2.Revision.Files.Map(), want)
 	}
-	if want := map[string]string{"a.yaml": "1", "b.yaml": "2"}; !maps.Equal(s1.Revision.Files, want) {
-		t.Errorf("published files changed to %v", s1.Revision.Files)
+	if want := map[string]string{"a.yaml": "1", "b.yaml": "2"}; !maps.Equal(s1.Revision.Files.Map(), want) {
+		t.Errorf("published files changed to %v", s1.Revision.Files.Map())
 	}
 	_, rev := tr.Nodes()
 	tr.SetFile("d.yaml", "4")
-	if _, ok := rev.Files["d.yaml"]; ok {
+	if _, ok := rev.Files.Get("d.yaml"); ok {
 		t.Error("the Revision handed out with Nodes changed")
 	}
 }

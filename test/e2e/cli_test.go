@@ -176,10 +176,10 @@ func TestHealthAndMetrics(t *testing.T) {
 		if want := fmt.Sprintf("msg=synced backend=%s generation=%d ", be.name, gen); w.sim.WaitLogged(10*time.Second, want) != "" {
 			t.Errorf("no %q in the log:\n%s", want, tail(w.sim.Log(), 10))
 		}
-		if got := st.NetworkPolicy.Revision.Files["cluster.yaml"]; got != w.sim.Written()["cluster.yaml"] || got == "" {
+		if got, _ := st.NetworkPolicy.Revision.Files.Get("cluster.yaml"); got != w.sim.Written()["cluster.yaml"] || got == "" {
 			t.Errorf("/status names cluster.yaml content %q, want the hash of what was written", got)
 		}
-		if st.Masquerade == nil || st.Masquerade.Generation == 0 || st.Masquerade.Revision.Files["cluster.yaml"] != w.sim.Written()["cluster.yaml"] {
+		if st.Masquerade == nil || st.Masquerade.Generation == 0 || st.Masquerade.Revision.Files.Map()["cluster.yaml"] != w.sim.Written()["cluster.yaml"] {
 			t.Errorf("/status of masquerade: %+v", st.Masquerade)
 		}
 	})

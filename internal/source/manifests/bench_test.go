@@ -2,7 +2,6 @@ package manifests
 
 import (
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -12,6 +11,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/testkit/synth"
 )
 
@@ -83,13 +83,17 @@ func BenchmarkSourceUpdate(b *testing.B) {
 	}
 }
 
-// BenchmarkRevisionCopy measures the copy of a 16,000-file Revision that a change publishes.
+// BenchmarkRevisionCopy measures what a change of one file of 16,000 costs the Revision that
+// the change publishes (a full copy of the map before FileHashes: about 1 ms and 1.3 MB).
 func BenchmarkRevisionCopy(b *testing.B) {
 	files := map[string]string{}
 	for i := range 16000 {
 		files[fmt.Sprintf("pod-ns-%05d-pod-%06d.yaml", i%1000, i)] = fmt.Sprintf("%064x", i)
 	}
+	fh := cluster.FileHashesOf(files)
+	i := 0
 	for b.Loop() {
-		_ = maps.Clone(files)
+		i++
+		fh = fh.With(map[string]string{fmt.Sprintf("pod-ns-%05d-pod-%06d.yaml", i%1000, i%16000): fmt.Sprintf("%064x", i)})
 	}
 }

@@ -612,7 +612,7 @@ func TestLoadIgnoresFIFO(t *testing.T) {
 	if got, want := keys(st), []string{"Namespace foo"}; !slices.Equal(got, want) {
 		t.Errorf("objects: got %q, want %q", got, want)
 	}
-	if got := slices.Sorted(maps.Keys(st.Revision.Files)); !slices.Equal(got, []string{"a.yaml"}) {
+	if got := slices.Sorted(maps.Keys(st.Revision.Files.Map())); !slices.Equal(got, []string{"a.yaml"}) {
 		t.Errorf("files read: %q", got)
 	}
 }

@@ -103,8 +103,8 @@ func checkRevision(t *testing.T, dir string, rev cluster.Revision, where string)
 		sum := sha256.Sum256(data)
 		want[e.Name()] = hex.EncodeToString(sum[:])
 	}
-	if !maps.Equal(rev.Files, want) {
-		t.Errorf("%s: Revision.Files %v, want %v", where, rev.Files, want)
+	if !maps.Equal(rev.Files.Map(), want) {
+		t.Errorf("%s: Revision.Files %v, want %v", where, rev.Files.Map(), want)
 	}
 }
 

@@ -399,7 +399,7 @@ func (s *Sim) Applied(st agent.Status) bool {
 func Covers(st agent.Status, files map[string]string) bool {
 	return everyFeature(st, func(fs *agent.FeatureStatus) bool {
 		for name, want := range files {
-			if fs.Revision.Files[name] != want {
+			if got, _ := fs.Revision.Files.Get(name); got != want {
 				return false
 			}
 		}
