@@ -71,6 +71,9 @@ type Agent struct {
 	metrics     *metrics
 	ready       atomic.Bool // the NetworkPolicy feature (or its absence) is ready
 	readyLogged atomic.Bool
+	// changed is signalled (without blocking) on every notification of the source, so that
+	// waiting for its initial sync ends when it ends rather than at the next poll.
+	changed chan struct{}
 	policy      *syncLoop // nil without NetworkPolicy
 	masq        *masqLoop
 	status      statusBoard
@@ -97,7 +100,7 @@ func New(cfg Config) *Agent {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics()}
+	a := &Agent{cfg: cfg, log: cfg.Logger, compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics(), changed: make(chan struct{}, 1)}
 	if cfg.Policy != nil {
 		a.status.policy = &FeatureStatus{Backend: cfg.Policy.Name()}
 		a.policy = a.newPolicyLoop()
@@ -119,6 +122,10 @@ func New(cfg Config) *Agent {
 }
 
 func (a *Agent) notify() {
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
 	if a.policy != nil {
 		a.policy.notify()
 	}
@@ -159,6 +166,7 @@ func (a *Agent) waitSynced(ctx context.Context, srcErr <-chan error) error {
 				err = errors.New("source stopped before its initial sync")
 			}
 			return fmt.Errorf("cluster state source: %w", err)
+		case <-a.changed:
 		case <-t.C:
 		}
 	}
