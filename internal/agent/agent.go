@@ -74,9 +74,9 @@ type Agent struct {
 	// changed is signalled (without blocking) on every notification of the source, so that
 	// waiting for its initial sync ends when it ends rather than at the next poll.
 	changed chan struct{}
-	policy      *syncLoop // nil without NetworkPolicy
-	masq        *masqLoop
-	status      statusBoard
+	policy  *syncLoop // nil without NetworkPolicy
+	masq    *masqLoop
+	status  statusBoard
 	// inSync: the kernel holds the Ruleset the compiler made last (policy loop only).
 	inSync  bool
 	skipped skipReport
