@@ -91,6 +91,9 @@ func retireOtherPolicyBackends(chosen policy.Backend) func(context.Context) erro
 			var wg sync.WaitGroup
 			for i, m := range modes {
 				wg.Go(func() {
+					if !xtables.AnyTablePresent(m, "filter") {
+						return // nothing of this variant's here, so no rules of ours either
+					}
 					if r, err := xtables.NewRunner(ctx, m); err == nil {
 						errs[i] = iptables.CleanupRules(ctx, r)
 					}

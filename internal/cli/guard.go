@@ -75,8 +75,11 @@ func (f *guardFlags) apply(cfg *agent.Config, backend policy.Backend) error {
 // nothing of ours, since cleanup runs on every start with the feature off.
 func cleanupGuards(ctx context.Context, except guard.Guard) error {
 	var errs []error
-	if g, err := guard.NewNFTables(); err == nil && (except == nil || except.Name() != g.Name()) {
-		errs = append(errs, g.Cleanup(ctx))
+	// The guard in use is known by its type before a probe of nft (two runs of it) is paid for.
+	if _, nftInUse := except.(*guard.NFTables); !nftInUse {
+		if g, err := guard.NewNFTables(); err == nil && (except == nil || except.Name() != g.Name()) {
+			errs = append(errs, g.Cleanup(ctx))
+		}
 	}
 	_, iptInUse := except.(*guard.IPTables)
 	for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {

@@ -155,6 +155,9 @@ func (g *IPTables) Cleanup(ctx context.Context) error {
 	g.applied = nil
 	var errs []error
 	for _, fam := range xtables.Families {
+		if !xtables.TablePresent(g.run.Mode, fam, "mangle") {
+			continue // no table, no chains of ours: no save to run
+		}
 		out, err := g.run.Save(ctx, fam, "mangle")
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrUnusable, err))

@@ -43,6 +43,9 @@ func (b *Backend) cleanupOtherVariant(ctx context.Context) error {
 // families. It is a no-op when there is nothing of ours.
 func CleanupRules(ctx context.Context, r *xtables.Runner) error {
 	for _, f := range families {
+		if !xtables.TablePresent(r.Mode, f, "filter") {
+			continue // no table, no rules of ours: no save to run
+		}
 		out, err := r.Save(ctx, f, "filter")
 		if err != nil {
 			return err

@@ -268,6 +268,9 @@ func CleanupIPTablesRules(ctx context.Context, modes ...xtables.Mode) error {
 	for _, mode := range modes {
 		r := &xtables.Runner{Mode: mode}
 		for _, family := range xtables.Families {
+			if !xtables.TablePresent(mode, family, "nat") {
+				continue // no table, no jump or chain of ours: no commands to run
+			}
 			if _, err := r.Save(ctx, family, "nat"); err != nil {
 				continue // this variant is not usable here, so it holds nothing of ours
 			}
