@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -171,6 +172,7 @@ func agentCmd() *cobra.Command {
 	var once bool
 	var healthAddr string
 	var profiling bool
+	var cpuProfile string
 	var resync, compactDelay time.Duration
 	var df dropFlags
 	cmd := &cobra.Command{
@@ -199,6 +201,13 @@ func agentCmd() *cobra.Command {
 			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, CompactDelay: compactDelay, HealthAddr: healthAddr, Profiling: profiling, Logger: log}
 			if cfg.DropLog, err = df.config(f.networkPolicy); err != nil {
 				return err
+			}
+			if cpuProfile != "" {
+				stopProfile, err := startCPUProfile(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer stopProfile()
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -246,6 +255,7 @@ func agentCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&once, "once", false, "sync once; exit 0 when the kernel holds the desired state, non-zero otherwise")
 	cmd.Flags().StringVar(&healthAddr, "health-addr", "127.0.0.1:9491", "serve /healthz, /readyz, /status (what the kernel holds, as JSON) and /metrics on HOST:PORT or unix:PATH (empty disables)")
 	cmd.Flags().BoolVar(&profiling, "profiling", false, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ on --health-addr")
+	cmd.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write Go's CPU profile of the whole run to this file (for --once, where --profiling has no time to be asked)")
 	cmd.Flags().DurationVar(&resync, "resync-period", 30*time.Second, "how often to check the kernel for drift and repair it")
 	cmd.Flags().DurationVar(&compactDelay, "compact-delay", time.Second,
 		"how long the rules must be quiet before removals that changes deferred are applied (iptables-nft, where a removal costs far more than an addition)")
@@ -313,4 +323,20 @@ func versionCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "netwarden", Version) },
 	}
+}
+
+// startCPUProfile profiles the process into path until the returned function is called.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpu-profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpu-profile %s: %w", path, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

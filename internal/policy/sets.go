@@ -69,13 +69,19 @@ func (m *members[T]) set(key string, vals []T) {
 	}
 }
 
-// fill sets the contributions of an empty members at once.
+// fill sets the contributions of an empty members at once; it keeps byPod.
 func (m *members[T]) fill(byPod map[string][]T) {
-	var all []T
-	for key, vals := range byPod {
-		m.byPod[key] = vals
+	n := 0
+	for _, vals := range byPod {
+		n += len(vals)
+	}
+	all := make([]T, 0, n)
+	for _, vals := range byPod {
 		all = append(all, vals...)
 	}
+	// Adopted rather than copied: on a cold start every set is filled, and growing a copy of
+	// each map was most of the compile.
+	m.byPod = byPod
 	m.content.build(all)
 }
 
@@ -226,6 +232,7 @@ func (m *multiset[T]) remove(v T) {
 // build fills an empty multiset in one sort, where adding values one by one would move the
 // sorted slice for each.
 func (m *multiset[T]) build(values []T) {
+	m.count = make(map[T]int, len(values))
 	for _, v := range values {
 		m.count[v]++
 	}

@@ -106,6 +106,20 @@ var kinds = map[string]kindInfo{
 		func(o *npav1beta1.ClusterNetworkPolicy) *npav1beta1.ClusterNetworkPolicy { return o }),
 }
 
+// decodeTyped decodes raw with the typedDecoder when its kind has one and raw is within what it
+// reads; false leaves raw to the strict decode.
+func decodeTyped(kind string, raw []byte) (metav1.Object, bool) {
+	switch kind {
+	case kindNamespace:
+		return decodeNamespace(raw)
+	case kindPod:
+		return decodePod(raw)
+	case kindPolicy:
+		return decodePolicy(raw)
+	}
+	return nil, false
+}
+
 // stripClusterPolicy drops what the agent does not use (status, annotations, managed fields...),
 // as the API source's transform does: at thousands of objects a file's last good content is
 // held in memory as long as it is in effect.
@@ -382,7 +396,12 @@ func (p *parser) parseObject(raw []byte, read *header, loc location, itemKind, i
 		p.errs = append(p.errs, loc.err(field.NotSupported(field.NewPath("apiVersion"), hdr.APIVersion, info.apiVersions)))
 		return
 	}
-	obj, strict, err := info.decode(raw)
+	obj, decoded := decodeTyped(hdr.Kind, raw)
+	var strict []error
+	var err error
+	if !decoded {
+		obj, strict, err = info.decode(raw)
+	}
 	if err != nil {
 		p.errs = append(p.errs, loc.err(p.decodeError(err)))
 		return
