@@ -506,8 +506,7 @@ func (l *loader) resolveDuplicates(files []string, updating map[string]bool, con
 	}
 	errs := map[string][]error{}
 	for {
-		providers := map[objKey][]string{}
-		where := map[objKey]map[string]*object{}
+		providers := make(map[objKey][]string, len(l.owner)+len(files))
 		for _, name := range files {
 			fc := content[name]
 			if fc == nil {
@@ -515,11 +514,20 @@ func (l *loader) resolveDuplicates(files []string, updating map[string]bool, con
 			}
 			for _, o := range fc.objects {
 				providers[o.key] = append(providers[o.key], name)
-				if where[o.key] == nil {
-					where[o.key] = map[string]*object{}
-				}
-				where[o.key][name] = o
 			}
+		}
+		// objectIn returns the object key of a file's content; looked up only for duplicates,
+		// which are rare, rather than indexed for every object.
+		objectIn := func(key objKey, name string) *object {
+			if !updating[name] {
+				return l.owner[key].obj
+			}
+			for _, o := range content[name].objects {
+				if o.key == key {
+					return o
+				}
+			}
+			return nil
 		}
 		losses := map[string][]loss{}
 		for key, names := range providers {
@@ -527,7 +535,6 @@ func (l *loader) resolveDuplicates(files []string, updating map[string]bool, con
 			if ow := l.owner[key]; ow != nil && !updating[ow.file] {
 				names = append(names, ow.file)
 				slices.Sort(names)
-				where[key][ow.file] = ow.obj
 			}
 			if len(names) < 2 {
 				continue
@@ -546,7 +553,7 @@ func (l *loader) resolveDuplicates(files []string, updating map[string]bool, con
 					l.logger.Error("manifests: unexpected duplicate in retained content", "file", name, "object", key.String())
 					continue
 				}
-				losses[name] = append(losses[name], loss{obj: where[key][name], winner: winner})
+				losses[name] = append(losses[name], loss{obj: objectIn(key, name), winner: winner})
 			}
 		}
 		if len(losses) == 0 {
@@ -569,13 +576,15 @@ func (l *loader) resolveDuplicates(files []string, updating map[string]bool, con
 			}
 		}
 		slices.Sort(revert)
+		// The messages name the winners' objects in the content this round started from, so
+		// they are all written before any file is reverted.
 		for _, name := range revert {
 			ls := losses[name]
 			slices.SortFunc(ls, func(a, b loss) int {
 				return cmp.Or(cmp.Compare(a.obj.loc.doc, b.obj.loc.doc), cmp.Compare(a.obj.loc.item, b.obj.loc.item))
 			})
 			for _, x := range ls {
-				other := where[x.obj.key][x.winner]
+				other := objectIn(x.obj.key, x.winner)
 				kept := "this file is not applied"
 				if l.good[name] != nil {
 					kept = "keeping this file's previous content"
@@ -583,6 +592,8 @@ func (l *loader) resolveDuplicates(files []string, updating map[string]bool, con
 				errs[name] = append(errs[name], x.obj.loc.errorf("duplicate %s: also defined in %s (%s); %s",
 					x.obj.key, filepath.Join(l.dir, x.winner), other.loc.docRef(), kept))
 			}
+		}
+		for _, name := range revert {
 			fresh[name] = false
 			if g := l.good[name]; g != nil {
 				content[name] = g
