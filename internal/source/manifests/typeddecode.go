@@ -39,13 +39,10 @@ func decodeNamespace(raw []byte) (*corev1.Namespace, bool) {
 	d := typedDecoder{b: raw, ok: true}
 	o := new(corev1.Namespace)
 	d.object(func(key []byte) {
+		if d.typeAndMeta(key, &o.TypeMeta, &o.ObjectMeta) {
+			return
+		}
 		switch string(key) {
-		case "apiVersion":
-			d.str(&o.APIVersion)
-		case "kind":
-			d.str(&o.Kind)
-		case "metadata":
-			d.meta(&o.ObjectMeta)
 		case "spec":
 			d.object(func(key []byte) {
 				switch string(key) {
@@ -79,13 +76,10 @@ func decodePod(raw []byte) (*corev1.Pod, bool) {
 	d := typedDecoder{b: raw, ok: true}
 	o := new(corev1.Pod)
 	d.object(func(key []byte) {
+		if d.typeAndMeta(key, &o.TypeMeta, &o.ObjectMeta) {
+			return
+		}
 		switch string(key) {
-		case "apiVersion":
-			d.str(&o.APIVersion)
-		case "kind":
-			d.str(&o.Kind)
-		case "metadata":
-			d.meta(&o.ObjectMeta)
 		case "spec":
 			d.podSpec(&o.Spec)
 		case "status":
@@ -101,13 +95,10 @@ func decodePolicy(raw []byte) (*networkingv1.NetworkPolicy, bool) {
 	d := typedDecoder{b: raw, ok: true}
 	o := new(networkingv1.NetworkPolicy)
 	d.object(func(key []byte) {
+		if d.typeAndMeta(key, &o.TypeMeta, &o.ObjectMeta) {
+			return
+		}
 		switch string(key) {
-		case "apiVersion":
-			d.str(&o.APIVersion)
-		case "kind":
-			d.str(&o.Kind)
-		case "metadata":
-			d.meta(&o.ObjectMeta)
 		case "spec":
 			d.policySpec(&o.Spec)
 		default:
@@ -121,6 +112,21 @@ func decodePolicy(raw []byte) (*networkingv1.NetworkPolicy, bool) {
 func (d *typedDecoder) end() bool {
 	d.space()
 	return d.ok && d.pos == len(d.b)
+}
+
+// typeAndMeta reads the value of key when it is a field every kind has, and reports whether it was.
+func (d *typedDecoder) typeAndMeta(key []byte, tm *metav1.TypeMeta, m *metav1.ObjectMeta) bool {
+	switch string(key) {
+	case "apiVersion":
+		d.str(&tm.APIVersion)
+	case "kind":
+		d.str(&tm.Kind)
+	case "metadata":
+		d.meta(m)
+	default:
+		return false
+	}
+	return true
 }
 
 func (d *typedDecoder) meta(m *metav1.ObjectMeta) {
