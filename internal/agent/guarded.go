@@ -56,5 +56,10 @@ func (a *Agent) afterSync(ctx context.Context, st *cluster.State, rs *policy.Rul
 	if res.Operations == 0 && !res.Full {
 		return nil // the rules did not change, nor did any verdict
 	}
+	if !res.Full && !a.anyMarked && !rs.Narrows(a.applied.Load()) {
+		// No flow is flagged, and no verdict went from allow to deny: the walk over every
+		// conntrack entry would find nothing to change.
+		return nil
+	}
 	return a.establishedPass(rs)
 }

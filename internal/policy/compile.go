@@ -49,11 +49,16 @@ type Compiler struct {
 	gen      uint64
 	policyNS map[string]map[string]*networkingv1.NetworkPolicy // the snapshot's policies per namespace
 
-	policies  map[*networkingv1.NetworkPolicy]*compiledPolicy
-	last      *Ruleset // the previous result, whose sizes the next one is allocated with
-	addrSets  map[string]*addrSetState
-	namedSets map[string]*namedSetState
-	cidrSets  map[string]*CIDRSet
+	// nsParts holds what each namespace with local pods contributed to the last NetworkPolicy
+	// part; nsDirty names those whose policies or local pods changed since (allNSDirty: any
+	// may have). A recomputed part still takes over the policies its previous one compiled.
+	nsParts    map[string]*nsPart
+	nsDirty    map[string]bool
+	allNSDirty bool
+	last       *Ruleset // the previous result, whose sizes the next one is allocated with
+	addrSets   map[string]*addrSetState
+	namedSets  map[string]*namedSetState
+	cidrSets   map[string]*CIDRSet
 
 	clusterPolicies map[*npav1beta1.ClusterNetworkPolicy]*compiledClusterPolicy
 	nodeSets        map[string]*AddrSet // node peer sets of the previous compile
@@ -94,7 +99,6 @@ func NewCompiler(node string) *Compiler {
 		nsPtr:     map[string]*corev1.Namespace{},
 		nsLabels:  map[string]labels.Set{},
 		policyNS:  map[string]map[string]*networkingv1.NetworkPolicy{},
-		policies:  map[*networkingv1.NetworkPolicy]*compiledPolicy{},
 		addrSets:  map[string]*addrSetState{},
 		namedSets: map[string]*namedSetState{},
 		cidrSets:  map[string]*CIDRSet{},
@@ -159,6 +163,14 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 		changes = cc.diffPods(st)
 		nsChanged = cc.diffNamespaces(st)
 		cc.indexPolicies(st)
+		cc.allNSDirty = true // any policy may have changed
+	}
+	for _, c := range changes {
+		for _, pi := range [2]*podInfo{c.old, c.new} {
+			if pi != nil && pi.pod.Spec.NodeName == cc.node {
+				cc.markNamespaceDirty(pi.pod.Namespace)
+			}
+		}
 	}
 	reuseNP := onlyClusterPolicies && cc.np != nil
 	if !reuseNP {
@@ -200,7 +212,9 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 
 // compileNetworkPolicies computes the NetworkPolicy part of a Ruleset: dispatch, groups,
 // policy chains, ipBlock sets and the peer sets they need. prev is the previous result, whose
-// sizes the part's maps are allocated with.
+// sizes the part's maps are allocated with. Only policies in namespaces with local pods can
+// select a local pod, and what a namespace's policies contribute depends on nothing outside
+// it: namespaces in which no policy and no local pod changed keep their nsPart.
 func (cc *Compiler) compileNetworkPolicies(prev *Ruleset) *networkPolicyPart {
 	rs := NewRuleset()
 	if l := prev; l != nil {
@@ -211,39 +225,81 @@ func (cc *Compiler) compileNetworkPolicies(prev *Ruleset) *networkPolicyPart {
 		rs.Groups = make(map[string]Group, len(l.Groups))
 		rs.Policies = make(map[string]*PolicyRules, len(l.Policies))
 	}
-	var stats Stats
 	localByNS := map[string][]*podInfo{}
 	for _, pi := range cc.local {
 		localByNS[pi.pod.Namespace] = append(localByNS[pi.pod.Namespace], pi)
 	}
-	for _, list := range localByNS {
-		sort.Slice(list, func(i, j int) bool { return list[i].key < list[j].key })
-		stats.LocalPods += len(list)
+	parts := make(map[string]*nsPart, len(localByNS))
+	for ns, local := range localByNS {
+		part := cc.nsParts[ns]
+		if part == nil || cc.allNSDirty || cc.nsDirty[ns] {
+			part = cc.compileNamespacePolicies(ns, local, part)
+		}
+		parts[ns] = part
 	}
+	cc.nsParts = parts
+	clear(cc.nsDirty)
+	cc.allNSDirty = false
 
-	// Only policies in namespaces with local pods can select a local pod.
-	nps := make([]*networkingv1.NetworkPolicy, 0, len(cc.policies))
-	for ns := range localByNS {
-		for _, np := range cc.policyNS[ns] {
-			nps = append(nps, np)
+	np := &networkPolicyPart{dispatch: rs.Dispatch, groups: rs.Groups, policies: rs.Policies, cidrSets: rs.CIDRSets,
+		addrDefs: make(map[string]addrSetDef, len(cc.addrSets)), namedDefs: make(map[string]namedSetDef, len(cc.namedSets))}
+	selecting := map[Direction]map[string][]string{Ingress: make(map[string][]string, len(cc.local)), Egress: make(map[string][]string, len(cc.local))}
+	for _, part := range parts {
+		np.localPods += part.localPods
+		np.selecting += len(part.compiled)
+		np.isolated += part.isolated
+		maps.Copy(rs.Policies, part.chains)
+		for dir, byPod := range part.selecting {
+			maps.Copy(selecting[dir], byPod)
+		}
+		for _, cp := range part.compiled {
+			maps.Copy(np.addrDefs, cp.addrSets)
+			maps.Copy(np.namedDefs, cp.namedSets)
+			maps.Copy(rs.CIDRSets, cp.cidrSets)
 		}
 	}
-	slices.SortFunc(nps, func(a, b *networkingv1.NetworkPolicy) int {
-		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
-			return c
-		}
+	for dir, byPod := range selecting {
+		cc.dispatch(cc.groupNamer("np", dir), rs.Dispatch[dir], rs.Groups, dir, byPod, func(chains []string) string {
+			return groupName(dir, chains)
+		})
+	}
+	return np
+}
+
+// nsPart is what the NetworkPolicies of one namespace contribute to the NetworkPolicy part,
+// given the namespace's local pods.
+type nsPart struct {
+	compiled  map[*networkingv1.NetworkPolicy]*compiledPolicy // the policies selecting a local pod
+	chains    map[string]*PolicyRules                         // their chains
+	selecting map[Direction]map[string][]string               // local pod key -> chains judging it, sorted
+	localPods int
+	isolated  int // local pods selected by some policy
+}
+
+// markNamespaceDirty makes the next compile recompute the nsPart of ns.
+func (cc *Compiler) markNamespaceDirty(ns string) {
+	if cc.nsDirty == nil {
+		cc.nsDirty = map[string]bool{}
+	}
+	cc.nsDirty[ns] = true
+}
+
+// compileNamespacePolicies computes the nsPart of ns, whose local pods are local. Policies
+// that prev compiled are taken over (compiled policies are found by pointer: a changed
+// policy is a new object).
+func (cc *Compiler) compileNamespacePolicies(ns string, local []*podInfo, prev *nsPart) *nsPart {
+	sort.Slice(local, func(i, j int) bool { return local[i].key < local[j].key })
+	nps := slices.SortedFunc(maps.Values(cc.policyNS[ns]), func(a, b *networkingv1.NetworkPolicy) int {
 		return strings.Compare(a.Name, b.Name)
 	})
-
-	usedPolicies := make(map[*networkingv1.NetworkPolicy]*compiledPolicy, len(cc.policies))
-	addrDefs := make(map[string]addrSetDef, len(cc.addrSets))
-	namedDefs := make(map[string]namedSetDef, len(cc.namedSets))
-	selecting := map[Direction]map[string][]string{Ingress: make(map[string][]string, len(cc.local)), Egress: make(map[string][]string, len(cc.local))}
-	isolated := make(map[string]bool, len(cc.local))
+	part := &nsPart{compiled: map[*networkingv1.NetworkPolicy]*compiledPolicy{}, chains: map[string]*PolicyRules{},
+		selecting: map[Direction]map[string][]string{Ingress: {}, Egress: {}}, localPods: len(local)}
+	isolated := map[string]bool{}
+	var selected []*podInfo
 	for _, np := range nps {
 		sel := cc.sels.get(&np.Spec.PodSelector).sel
-		var selected []*podInfo
-		for _, pi := range localByNS[np.Namespace] {
+		selected = selected[:0]
+		for _, pi := range local {
 			if sel.Matches(pi.labels) {
 				selected = append(selected, pi)
 			}
@@ -251,44 +307,30 @@ func (cc *Compiler) compileNetworkPolicies(prev *Ruleset) *networkPolicyPart {
 		if len(selected) == 0 {
 			continue
 		}
-		stats.PoliciesSelecting++
-		cp := cc.policies[np]
+		var cp *compiledPolicy
+		if prev != nil {
+			cp = prev.compiled[np]
+		}
 		if cp == nil {
 			cp = cc.compilePolicy(np)
 		}
-		usedPolicies[np] = cp
+		part.compiled[np] = cp
 		for _, dir := range cp.dirs {
-			rules := cp.rules[dir]
 			chain := PolicyChainName(dir, np.Namespace, np.Name)
-			rs.Policies[chain] = rules
+			part.chains[chain] = cp.rules[dir]
 			for _, pi := range selected {
-				selecting[dir][pi.key] = append(selecting[dir][pi.key], chain)
+				part.selecting[dir][pi.key] = append(part.selecting[dir][pi.key], chain)
 				isolated[pi.key] = true
 			}
 		}
-		for name, d := range cp.addrSets {
-			addrDefs[name] = d
-		}
-		for name, d := range cp.namedSets {
-			namedDefs[name] = d
-		}
-		for name, s := range cp.cidrSets {
-			rs.CIDRSets[name] = s
-		}
 	}
-	cc.policies = usedPolicies
-	stats.IsolatedPods = len(isolated)
-
-	for dir, byPod := range selecting {
+	for _, byPod := range part.selecting {
 		for _, chains := range byPod {
 			sort.Strings(chains)
 		}
-		cc.dispatch(cc.groupNamer("np", dir), rs.Dispatch[dir], rs.Groups, dir, byPod, func(chains []string) string {
-			return groupName(dir, chains)
-		})
 	}
-	return &networkPolicyPart{dispatch: rs.Dispatch, groups: rs.Groups, policies: rs.Policies, cidrSets: rs.CIDRSets,
-		addrDefs: addrDefs, namedDefs: namedDefs, localPods: stats.LocalPods, selecting: stats.PoliciesSelecting, isolated: stats.IsolatedPods}
+	part.isolated = len(isolated)
+	return part
 }
 
 // dispatch maps the IPs of each local pod in byPod (pod key -> the chains judging it, in

@@ -55,7 +55,7 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 		next := st.Clone()
 		keys := podKeys(next)
 		what := ""
-		switch r.IntN(13) {
+		switch r.IntN(14) {
 		case 0: // relabel a pod
 			k := keys[r.IntN(len(keys))]
 			p := next.Pods[k].DeepCopy()
@@ -141,6 +141,16 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 				cnp.Spec.Priority = int32(r.IntN(1001))
 				next.ClusterPolicies[k] = cnp
 				what = "reprioritize cnp " + k
+				break
+			}
+		case 13: // change a policy in place: whom it selects and whom it admits
+			for k, np := range next.Policies {
+				np = np.DeepCopy()
+				np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"tier": []string{"web", "api", "db"}[r.IntN(3)]}}
+				np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
+					PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%d", r.IntN(10))}}}}}}
+				next.Policies[k] = np
+				what = "change policy " + k
 				break
 			}
 		}

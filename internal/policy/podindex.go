@@ -126,6 +126,7 @@ func (cc *Compiler) indexPolicies(st *cluster.State) {
 func (cc *Compiler) updatePolicyKeys(st *cluster.State, keys []string) {
 	for _, key := range keys {
 		ns, _, _ := strings.Cut(key, "/")
+		cc.markNamespaceDirty(ns)
 		np := st.Policies[key]
 		m := cc.policyNS[ns]
 		if np == nil {

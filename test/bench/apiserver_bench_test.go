@@ -123,7 +123,8 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 	if err := sim.ForwardFromNode(strings.TrimPrefix(srv.URL, "https://")); err != nil {
 		b.Fatal(err)
 	}
-	var ready, createToEnforced, createCall []time.Duration
+	var ready, createToEnforced, createCall, eventToEnforced []time.Duration
+	var npSyncs []map[string]time.Duration     // the agent's own timings of the syncs the creates caused
 	cnpLatency := map[string][]time.Duration{} // by event: create, priority, delete
 	var rss, hwm int
 	for b.Loop() {
@@ -137,6 +138,7 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 		ready = append(ready, time.Since(start))
 		time.Sleep(2 * time.Second) // let the first sync's garbage be collected before reading the memory
 		rss, hwm = agentMemory(b, sim)
+		logFrom := len(sim.Log())
 		for i := 0; i < 20; i++ {
 			np := &networkingv1.NetworkPolicy{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "ns-00002", Name: fmt.Sprintf("bench-%d-%d", len(ready), i)},
@@ -154,7 +156,11 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 				b.Fatal(err)
 			}
 			createToEnforced = append(createToEnforced, time.Since(t0))
+			// From the API server's answer, when the object is stored and its watch event
+			// sent: the agent's share, with the watch's.
+			eventToEnforced = append(eventToEnforced, createToEnforced[len(createToEnforced)-1]-createCall[len(createCall)-1])
 		}
+		npSyncs = append(npSyncs, syncTimings(b, sim.Log()[logFrom:])...)
 		// ClusterNetworkPolicy events, each timed from the API call to the kernel holding it.
 		for i := 0; i < 20; i++ {
 			cnp := synth.ClusterPolicy(4) // an admin policy selecting local pods
@@ -214,6 +220,20 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 	b.ReportMetric(ms(createToEnforced[len(createToEnforced)-1]), "create-to-enforced-max-ms")
 	sortDurations(createCall)
 	b.ReportMetric(ms(createCall[len(createCall)/2]), "create-api-call-p50-ms") // the API server's share
+	sortDurations(eventToEnforced)
+	b.ReportMetric(ms(eventToEnforced[len(eventToEnforced)/2]), "event-to-enforced-p50-ms")
+	b.ReportMetric(ms(eventToEnforced[len(eventToEnforced)-1]), "event-to-enforced-max-ms")
+	for _, k := range []string{"sinceEvent", "compile", "apply", "guard"} {
+		var d []time.Duration
+		for _, s := range npSyncs {
+			d = append(d, s[k])
+		}
+		if len(d) == 0 {
+			b.Fatal("the agent logged no sync of the created policies")
+		}
+		sortDurations(d)
+		b.ReportMetric(ms(d[len(d)/2]), "agent-"+k+"-p50-ms")
+	}
 	for _, ev := range []string{"create", "create-call", "priority", "delete"} {
 		d := cnpLatency[ev]
 		sortDurations(d)
@@ -223,6 +243,34 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 		}
 		b.ReportMetric(ms(d[len(d)/2]), "cnp-"+ev+"-to-enforced-p50-ms")
 	}
+}
+
+// syncTimings reads the durations of the agent's "synced" lines in log: the share of each
+// step, and sinceEvent, from the event reaching the agent to the end of the sync.
+func syncTimings(b *testing.B, log string) []map[string]time.Duration {
+	var out []map[string]time.Duration
+	for line := range strings.Lines(log) {
+		if !strings.Contains(line, "msg=synced") || !strings.Contains(line, "sinceEvent=") {
+			continue
+		}
+		m := map[string]time.Duration{}
+		for _, f := range strings.Fields(line) {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok {
+				continue
+			}
+			switch k {
+			case "sinceEvent", "compile", "apply", "guard":
+				d, err := time.ParseDuration(v)
+				if err != nil {
+					b.Fatalf("%s in %q: %v", k, line, err)
+				}
+				m[k] = d
+			}
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 func sortDurations(d []time.Duration) {
