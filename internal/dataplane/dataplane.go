@@ -27,7 +27,8 @@ type Backend[D any] interface {
 type SyncResult struct {
 	Full       bool // the whole ruleset was replaced
 	Operations int  // commands in the transaction; 0 means the kernel already matched
-	// Fallback, when set, is why an incremental sync had to replace everything instead.
+	// Fallback, when set, is why the sync took a slower path: an incremental sync that had to
+	// replace everything, or a full sync that went through nft rather than netlink.
 	Fallback string
 	// Size is what the kernel holds for this backend after the sync.
 	Size Size

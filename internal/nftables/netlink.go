@@ -11,6 +11,7 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+	"sigs.k8s.io/knftables"
 
 	"github.com/netwarden/netwarden/internal/netipx"
 	"github.com/netwarden/netwarden/internal/nftexpr"
@@ -27,12 +28,35 @@ type elementChange struct {
 	delete bool
 }
 
+// elementsPerMessage bounds the elements of one netlink message: its element list is one
+// attribute, at most 64 KiB, and an IPv6 interval element with its flags takes about 40 bytes.
+const elementsPerMessage = 1000
+
 // applyNetlink sends a plan as one netlink batch, which the kernel commits as one
 // transaction. The nft CLI spends most of a small update loading its cache of our large
 // table; talking netlink directly skips that, and the socket lc keeps open spares each
 // deleting transaction a wait for the kernel's deferred free (see nftnl.Conn).
 func applyNetlink(lc *nftnl.Conn, p *plan, old, new *Rendered) error {
 	return lc.Batch(func(conn *gnft.Conn) error { return queuePlan(conn, p, old, new) })
+}
+
+// applyNetlinkFull replaces the table with new, whose every object p (its difference from an
+// empty table) creates, in one netlink batch: the table is created if missing, deleted with
+// all it holds, and created again, as the CLI's full sync does.
+func applyNetlinkFull(lc *nftnl.Conn, p *plan, new *Rendered) error {
+	comments := nftnl.Comments{Tables: map[string]string{TableName: tableComment}, Chains: map[[2]string]string{}}
+	for name, c := range new.Chains {
+		if c.comment != "" {
+			comments.Chains[[2]string{TableName, name}] = c.comment
+		}
+	}
+	return lc.BatchWithComments(comments, func(conn *gnft.Conn) error {
+		table := &gnft.Table{Name: TableName, Family: gnft.TableFamilyINet}
+		conn.AddTable(table)
+		conn.DelTable(table)
+		conn.AddTable(table)
+		return queuePlan(conn, p, &Rendered{}, new)
+	})
 }
 
 // queuePlan queues the messages of a plan on conn, in the order the batch needs them.
@@ -69,8 +93,14 @@ func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 				return fmt.Errorf("set %s: %w", name, err)
 			}
 		}
-		if err := conn.AddSet(gs, elems); err != nil {
+		first := elems[:min(len(elems), elementsPerMessage)]
+		if err := conn.AddSet(gs, first); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
+		}
+		for chunk := range slices.Chunk(elems[len(first):], elementsPerMessage) {
+			if err := conn.SetAddElements(gs, chunk); err != nil {
+				return fmt.Errorf("set %s: %w", name, err)
+			}
 		}
 	}
 	chains := map[string]*gnft.Chain{}
@@ -83,7 +113,13 @@ func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 		return c
 	}
 	for _, name := range p.newChains {
-		conn.AddChain(chainFor(name))
+		ch := chainFor(name)
+		if c := new.Chains[name]; c.base != nil {
+			if err := setHook(ch, c.base); err != nil {
+				return fmt.Errorf("chain %s: %w", name, err)
+			}
+		}
+		conn.AddChain(ch)
 	}
 	for _, name := range p.rewrite {
 		ch := chainFor(name)
@@ -91,7 +127,20 @@ func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 			conn.FlushChain(ch)
 		}
 		for _, sp := range new.Chains[name].specs {
-			conn.AddRule(&gnft.Rule{Table: table, Chain: ch, Exprs: sp.exprs()})
+			exprs := sp.exprs()
+			if sp.neighborDiscovery {
+				// The types are an anonymous set, which lives and dies with its rule.
+				types := &gnft.Set{Table: table, Anonymous: true, Constant: true, KeyType: gnft.TypeICMP6Type}
+				var elems []gnft.SetElement
+				for _, typ := range neighborDiscoveryTypes {
+					elems = append(elems, gnft.SetElement{Key: []byte{typ}})
+				}
+				if err := conn.AddSet(types, elems); err != nil {
+					return fmt.Errorf("chain %s: %w", name, err)
+				}
+				exprs = neighborDiscoveryExprs(types)
+			}
+			conn.AddRule(&gnft.Rule{Table: table, Chain: ch, Exprs: exprs})
 		}
 	}
 	// Deletions first, so a map key that changes value is replaced within the batch.
@@ -120,13 +169,17 @@ func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 			if err != nil {
 				return err
 			}
-			if del {
-				err = conn.SetDeleteElements(gs, batches[name])
-			} else {
-				err = conn.SetAddElements(gs, batches[name])
-			}
-			if err != nil {
-				return fmt.Errorf("set %s: %w", name, err)
+			// A message's element list is one netlink attribute, whose length field has 16
+			// bits: thousands of elements in one message overflow it.
+			for chunk := range slices.Chunk(batches[name], elementsPerMessage) {
+				if del {
+					err = conn.SetDeleteElements(gs, chunk)
+				} else {
+					err = conn.SetAddElements(gs, chunk)
+				}
+				if err != nil {
+					return fmt.Errorf("set %s: %w", name, err)
+				}
 			}
 		}
 	}
@@ -233,8 +286,56 @@ func keyType(typ string) (gnft.SetDatatype, error) {
 	return gnft.SetDatatype{}, fmt.Errorf("no netlink encoding for set type %q", typ)
 }
 
-// exprs compiles the rule into kernel expressions, the same ones nft produces for text().
+// neighborDiscoveryTypes are the ICMPv6 types of ndTypes: router solicitation and
+// advertisement, neighbour solicitation and advertisement, redirect.
+var neighborDiscoveryTypes = []byte{133, 134, 135, 136, 137}
+
+// neighborDiscoveryExprs are the expressions of ndTypes, whose types are in the anonymous
+// set types.
+func neighborDiscoveryExprs(types *gnft.Set) []expr.Any {
+	e := nftexpr.Family(true)
+	e = append(e, nftexpr.L4Proto(unix.IPPROTO_ICMPV6)...)
+	return append(e,
+		&expr.Payload{DestRegister: nftexpr.Reg1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Lookup{SourceRegister: nftexpr.Reg1, SetName: types.Name, SetID: types.ID},
+		&expr.Verdict{Kind: expr.VerdictAccept})
+}
+
+// setHook makes ch the base chain base describes: a filter chain at priority filter, the only
+// kind this table has.
+func setHook(ch *gnft.Chain, base *knftables.Chain) error {
+	if base.Type == nil || *base.Type != knftables.FilterType || base.Priority == nil || *base.Priority != knftables.FilterPriority {
+		return fmt.Errorf("no netlink encoding for base chain %+v", base)
+	}
+	switch *base.Hook {
+	case knftables.PreroutingHook:
+		ch.Hooknum = gnft.ChainHookPrerouting
+	case knftables.ForwardHook:
+		ch.Hooknum = gnft.ChainHookForward
+	default:
+		return fmt.Errorf("no netlink encoding for hook %s", *base.Hook)
+	}
+	ch.Priority, ch.Type = gnft.ChainPriorityFilter, gnft.ChainTypeFilter
+	return nil
+}
+
+// exprs compiles the rule into kernel expressions, the same ones nft produces for text(). The
+// neighbour discovery rule needs its set first: see neighborDiscoveryExprs.
 func (r ruleSpec) exprs() []expr.Any {
+	switch {
+	case r.vmap != "":
+		e := nftexpr.Family(r.v6)
+		return append(e, nftexpr.LoadAddr(r.v6, r.peerAddr == "saddr", nftexpr.Reg1),
+			&expr.Lookup{SourceRegister: nftexpr.Reg1, SetName: r.vmap, IsDestRegSet: true, DestRegister: 0})
+	case r.established:
+		return []expr.Any{
+			&expr.Ct{Register: nftexpr.Reg1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: nftexpr.Reg1, DestRegister: nftexpr.Reg1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: nftexpr.Reg1, Data: make([]byte, 4)},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		}
+	}
 	var e []expr.Any
 	if r.proto != "" {
 		e = append(e, nftexpr.L4Proto(protoNumber(r.proto))...)

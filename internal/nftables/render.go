@@ -255,18 +255,16 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		}
 	}
 
-	prelude := []string{"ct state established,related accept", ndTypes}
+	prelude := []ruleSpec{{established: true}, {neighborDiscovery: true}}
 	// Egress is judged where every packet from a pod enters the node, whether it is then
 	// forwarded or delivered to the node itself; after DNAT (priority dstnat), so a Service
 	// address is already its endpoint. Ingress is judged on the way to a pod.
-	r.Chains[chainPreroutingEgress] = &chain{
-		base:  baseChain(chainPreroutingEgress, knftables.PreroutingHook, "filter"),
-		rules: append(prelude[:2:2], stages(policy.Egress)...),
-	}
-	r.Chains[chainForwardIngress] = &chain{
-		base:  baseChain(chainForwardIngress, knftables.ForwardHook, "filter"),
-		rules: append(prelude[:2:2], stages(policy.Ingress)...),
-	}
+	egress := specChain(append(prelude[:2:2], stages(policy.Egress)...))
+	egress.base = baseChain(chainPreroutingEgress, knftables.PreroutingHook, "filter")
+	r.Chains[chainPreroutingEgress] = egress
+	ingress := specChain(append(prelude[:2:2], stages(policy.Ingress)...))
+	ingress.base = baseChain(chainForwardIngress, knftables.ForwardHook, "filter")
+	r.Chains[chainForwardIngress] = ingress
 
 	rd.renderTiers(rs, r)
 	for name, p := range rs.Policies {
@@ -416,6 +414,14 @@ type ruleSpec struct {
 	logPrefix string
 	// counter counts the packets the rule matches, just before its verdict.
 	counter bool
+
+	// The rules of the base and pass chains, each its own kind:
+	// vmap makes "ip|ip6 <peerAddr> vmap @<vmap>": the verdict map decides.
+	vmap string
+	// established makes "ct state established,related accept".
+	established bool
+	// neighborDiscovery makes the rule that accepts IPv6 neighbour discovery (ndTypes).
+	neighborDiscovery bool
 }
 
 // logSpec is the rule logging a drop whose ID is id; the drop follows it. Only packets of
@@ -427,6 +433,14 @@ func logSpec(l *dataplane.DropLog, id string) ruleSpec { return ruleSpec{log: l,
 func dropChain(id string) string { return "drop-" + strings.TrimPrefix(id, policy.DropIDPrefix) }
 
 func (r ruleSpec) text() string {
+	switch {
+	case r.vmap != "":
+		return fmt.Sprintf("%s %s vmap @%s", ipKeyword(r.v6), r.peerAddr, r.vmap)
+	case r.established:
+		return "ct state established,related accept"
+	case r.neighborDiscovery:
+		return ndTypes
+	}
 	var parts []string
 	if r.proto != "" {
 		parts = append(parts, "meta l4proto "+string(r.proto))
@@ -459,9 +473,10 @@ func (r ruleSpec) text() string {
 	return strings.Join(parts, " ")
 }
 
-// specChain builds a group or policy chain. These carry no comment: the netlink library
-// cannot set chain comments, and both sync paths must leave identical tables. Their names
-// say what they are.
+// specChain builds a chain from its rules in structured form. Group and policy chains carry
+// no comment (their names say what they are): an incremental sync creates them over netlink,
+// which writes chain comments only through nftnl.Comments, and both paths must leave
+// identical tables.
 func specChain(specs []ruleSpec) *chain {
 	c := &chain{specs: specs, rules: make([]string, len(specs))}
 	for i, sp := range specs {

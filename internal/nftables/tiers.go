@@ -44,21 +44,21 @@ func passChain(dir policy.Direction, v6 bool) string {
 }
 
 // lookups are the vmap rules of one stage (a tier or NetworkPolicy) in a base chain.
-func lookups(dir policy.Direction, mapName func(v6 bool) string) []string {
+func lookups(dir policy.Direction, mapName func(v6 bool) string) []ruleSpec {
 	key := "daddr"
 	if dir == policy.Egress {
 		key = "saddr"
 	}
-	return []string{
-		fmt.Sprintf("ip %s vmap @%s", key, mapName(false)),
-		fmt.Sprintf("ip6 %s vmap @%s", key, mapName(true)),
+	return []ruleSpec{
+		{peerAddr: key, vmap: mapName(false)},
+		{peerAddr: key, vmap: mapName(true), v6: true},
 	}
 }
 
 // stages returns the judging rules of a direction's base chain after its prelude: the admin
 // tier, NetworkPolicy, the baseline tier.
-func stages(dir policy.Direction) []string {
-	var out []string
+func stages(dir policy.Direction) []ruleSpec {
+	var out []ruleSpec
 	out = append(out, lookups(dir, func(v6 bool) string { return tierMap(policy.AdminTier, dir, v6) })...)
 	out = append(out, lookups(dir, func(v6 bool) string { return dispatchMap(dir, v6) })...)
 	return append(out, lookups(dir, func(v6 bool) string { return tierMap(policy.BaselineTier, dir, v6) })...)
@@ -99,23 +99,17 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 	}
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
 		for _, v6 := range []bool{false, true} {
-			var rules []string
+			var specs []ruleSpec
 			for _, st := range stages(dir)[2:] {
-				if isFamilyRule(st, v6) {
-					rules = append(rules, st)
+				if st.v6 == v6 {
+					specs = append(specs, st)
 				}
 			}
-			r.Chains[passChain(dir, v6)] = &chain{comment: "after an admin Pass: NetworkPolicy, then the baseline tier",
-				rules: append(rules, "accept")}
+			pass := specChain(append(specs, ruleSpec{}))
+			pass.comment = "after an admin Pass: NetworkPolicy, then the baseline tier"
+			r.Chains[passChain(dir, v6)] = pass
 		}
 	}
-}
-
-func isFamilyRule(rule string, v6 bool) bool {
-	if v6 {
-		return rule[:4] == "ip6 "
-	}
-	return rule[:3] == "ip "
 }
 
 // clusterPolicyChains renders a ClusterNetworkPolicy's rules for one direction (chain names

@@ -28,6 +28,9 @@ type socket struct {
 	// on the next receive, so every receive returns it until the next send: no reply can
 	// come for messages that never left.
 	sendErr error
+	sndbuf  int // the send buffer asked for so far, 0 for the default
+	// comments, during BatchWithComments, are added to the messages creating their objects.
+	comments *Comments
 }
 
 // receiveTimeout bounds a wait for the kernel's reply, so that a reply that never comes
@@ -139,11 +142,26 @@ func (s *socket) send(req []netlink.Message) error {
 		// that the kernel builds and queues and that Flush reads and discards (it hands no
 		// rule handles back). The acknowledgement alone says the same.
 		m.Header.Flags &^= unix.NLM_F_ECHO
+		if s.comments != nil {
+			var err error
+			if m, err = s.comments.withComment(m); err != nil {
+				return err
+			}
+		}
 		b, err := m.MarshalBinary()
 		if err != nil {
 			return fmt.Errorf("nfnetlink: encoding message: %w", err)
 		}
 		out = append(out, b...)
+	}
+	if len(out) > s.sndbuf {
+		// A batch goes in one datagram, which the kernel refuses (EMSGSIZE) when it is
+		// larger than the send buffer: a full sync at scale is megabytes. nft sizes its
+		// buffer to each batch the same way.
+		if err := unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, len(out)); err != nil {
+			_ = unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_SNDBUF, len(out))
+		}
+		s.sndbuf = len(out)
 	}
 	for {
 		err := unix.Sendto(s.fd, out, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})

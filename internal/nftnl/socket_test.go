@@ -19,6 +19,8 @@ func TestSendErrorReachesEveryReceive(t *testing.T) {
 	if err := unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096); err != nil {
 		t.Fatal(err)
 	}
+	s.sndbuf = 1 << 30 // as if the buffer had room, so that send does not grow it
+
 	big := netlink.Message{Header: netlink.Header{Type: 1, Flags: netlink.Request | netlink.Acknowledge, Length: 16 + 1<<16},
 		Data: make([]byte, 1<<16)}
 	if _, err := s.exchange([]netlink.Message{big}); !errors.Is(err, unix.EMSGSIZE) {
