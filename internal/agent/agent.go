@@ -74,6 +74,8 @@ type Agent struct {
 	// changed is signalled (without blocking) on every notification of the source, so that
 	// waiting for its initial sync ends when it ends rather than at the next poll.
 	changed chan struct{}
+	// active is signalled on every change, for releaseWhenQuiet.
+	active chan struct{}
 	policy  *syncLoop // nil without NetworkPolicy
 	masq    *masqLoop
 	status  statusBoard
@@ -100,7 +102,7 @@ func New(cfg Config) *Agent {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics(), changed: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, log: cfg.Logger, compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics(), changed: make(chan struct{}, 1), active: make(chan struct{}, 1)}
 	if cfg.Policy != nil {
 		a.status.policy = &FeatureStatus{Backend: cfg.Policy.Name()}
 		a.policy = a.newPolicyLoop()
@@ -124,6 +126,10 @@ func New(cfg Config) *Agent {
 func (a *Agent) notify() {
 	select {
 	case a.changed <- struct{}{}:
+	default:
+	}
+	select {
+	case a.active <- struct{}{}:
 	default:
 	}
 	if a.policy != nil {
@@ -283,6 +289,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	a.log.Info("cluster state synced", "node", a.cfg.NodeName)
+	go a.releaseWhenQuiet(ctx)
 
 	// Each feature runs its own loop on the shared state, so that one failing (an invalid
 	// masquerade config, say) never holds the other back.
