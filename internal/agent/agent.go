@@ -39,8 +39,9 @@ type Config struct {
 	Masquerade *Masquerade
 	// ResyncPeriod is how often the kernel is checked for drift and repaired.
 	ResyncPeriod time.Duration
-	// MinSyncInterval coalesces bursts of events into one transaction: a sync starts at least
-	// this long after the one before. A change on a quiet node is synced at once.
+	// MinSyncInterval coalesces bursts of events into one transaction: when changes came while
+	// a sync ran, the next starts at least this long after it began. A change that finds the
+	// agent idle is synced at once.
 	MinSyncInterval time.Duration
 	// CompactDelay is how long the rules must have been quiet before a backend's deferred
 	// removals are applied (see dataplane.Compactor).
@@ -76,9 +77,9 @@ type Agent struct {
 	changed chan struct{}
 	// active is signalled on every change, for releaseWhenQuiet.
 	active chan struct{}
-	policy  *syncLoop // nil without NetworkPolicy
-	masq    *masqLoop
-	status  statusBoard
+	policy *syncLoop // nil without NetworkPolicy
+	masq   *masqLoop
+	status statusBoard
 	// inSync: the kernel holds the Ruleset the compiler made last (policy loop only).
 	inSync  bool
 	skipped skipReport

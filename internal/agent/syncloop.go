@@ -30,8 +30,8 @@ type syncLoop struct {
 	sync func(ctx context.Context, full bool, seen time.Time) error
 	// verify reports drift from what sync applied last.
 	verify func(ctx context.Context) error
-	// minInterval coalesces bursts of events: a sync they cause starts at least this long
-	// after the one before.
+	// minInterval coalesces bursts of events: when changes came while a sync ran, the next
+	// one starts at least this long after it began.
 	minInterval time.Duration
 	// resyncEvery is how often verify runs, asked after every sync so it may follow a config.
 	resyncEvery func() time.Duration
@@ -76,11 +76,15 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 	pending := true
 	repairing := false // the pending full sync restores rules someone else changed
 	var lastSync time.Time
+	// burst is set when a change came while the last sync ran: changes are coming faster
+	// than they are applied, and the next sync waits out minInterval to take more at once.
+	burst := false
 	for {
 		if pending {
 			pending = false
 			lastSync = time.Now()
 			err := l.syncOnce(ctx, full)
+			burst = len(l.trigger) > 0
 			switch {
 			case errors.Is(err, errIdle):
 				// The change that makes it possible will wake the loop.
@@ -121,9 +125,9 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 			}
 			return err
 		case <-l.trigger:
-			// Events that keep coming are coalesced into one transaction per interval; the
-			// first after a quiet time waits for nothing.
-			if d := time.Until(lastSync.Add(l.minInterval)); d > 0 {
+			// Events that keep coming are coalesced into one transaction per interval; one
+			// that finds the loop idle waits for nothing.
+			if d := time.Until(lastSync.Add(l.minInterval)); burst && d > 0 {
 				time.Sleep(d)
 			}
 			pending = true

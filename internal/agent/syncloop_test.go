@@ -121,3 +121,54 @@ func TestSyncLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncLoopCoalescesOnlyBursts: a change that finds the loop idle is synced at once, even
+// right after a sync; changes that come while a sync runs wait out minInterval, so that a
+// burst goes into few transactions.
+func TestSyncLoopCoalescesOnlyBursts(t *testing.T) {
+	a := New(Config{Logger: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))})
+	a.status.policy = &FeatureStatus{}
+	const minInterval, syncTime = 400 * time.Millisecond, 50 * time.Millisecond
+	starts := make(chan time.Time, 10)
+	var ready atomic.Bool
+	l := &syncLoop{
+		a: a, feature: "test", backend: "fake", status: &a.status.policy, ready: &ready,
+		sync: func(context.Context, bool, time.Time) error {
+			starts <- time.Now()
+			time.Sleep(syncTime)
+			return nil
+		},
+		verify:      func(context.Context) error { return nil },
+		minInterval: minInterval, resyncEvery: func() time.Duration { return time.Hour },
+		syncErrors: &counter{}, driftRepairs: &counter{}, trigger: make(chan struct{}, 1),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = l.run(ctx, nil) }()
+	next := func() time.Time {
+		t.Helper()
+		select {
+		case s := <-starts:
+			return s
+		case <-time.After(5 * time.Second):
+			t.Fatal("no sync")
+		}
+		return time.Time{}
+	}
+	first := next() // the initial full sync
+	time.Sleep(syncTime + 20*time.Millisecond)
+	// Idle: the loop finished the first sync; this change must not wait for minInterval.
+	notified := time.Now()
+	l.notify()
+	second := next()
+	if d := second.Sub(notified); d > minInterval/2 {
+		t.Fatalf("a change on an idle loop waited %v (%v after the sync before)", d, second.Sub(first))
+	}
+	// A burst: a change arrives while the sync it caused runs; the next sync waits.
+	time.Sleep(syncTime / 2)
+	l.notify()
+	third := next()
+	if d := third.Sub(second); d < minInterval {
+		t.Fatalf("a change that came during a sync was synced %v after it began, want at least %v", d, minInterval)
+	}
+}
