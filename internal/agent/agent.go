@@ -73,13 +73,12 @@ type Agent struct {
 	ready       atomic.Bool // the NetworkPolicy feature (or its absence) is ready
 	readyLogged atomic.Bool
 	// changed is signalled (without blocking) on every notification of the source, so that
-	// waiting for its initial sync ends when it ends rather than at the next poll.
+	// waiting for its initial sync ends when it ends rather than at the next poll; after it,
+	// releaseWhenQuiet reads it.
 	changed chan struct{}
-	// active is signalled on every change, for releaseWhenQuiet.
-	active chan struct{}
-	policy *syncLoop // nil without NetworkPolicy
-	masq   *masqLoop
-	status statusBoard
+	policy  *syncLoop // nil without NetworkPolicy
+	masq    *masqLoop
+	status  statusBoard
 	// inSync: the kernel holds the Ruleset the compiler made last (policy loop only).
 	inSync  bool
 	skipped skipReport
@@ -103,7 +102,7 @@ func New(cfg Config) *Agent {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics(), changed: make(chan struct{}, 1), active: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, log: cfg.Logger, compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics(), changed: make(chan struct{}, 1)}
 	if cfg.Policy != nil {
 		a.status.policy = &FeatureStatus{Backend: cfg.Policy.Name()}
 		a.policy = a.newPolicyLoop()
@@ -127,10 +126,6 @@ func New(cfg Config) *Agent {
 func (a *Agent) notify() {
 	select {
 	case a.changed <- struct{}{}:
-	default:
-	}
-	select {
-	case a.active <- struct{}{}:
 	default:
 	}
 	if a.policy != nil {

@@ -33,7 +33,7 @@ func (a *Agent) releaseWhenQuiet(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.active:
+		case <-a.changed:
 			quiet.Reset(quietBeforeRelease)
 		case <-quiet.C:
 			runtimemetrics.Read(samples)

@@ -19,7 +19,7 @@ func TestReleaseWhenQuiet(t *testing.T) {
 		return s[0].Value.Uint64()
 	}
 	debugGC := func() { runtime.GC() } // garbage becomes free (not released) memory
-	a := &Agent{active: make(chan struct{}, 1)}
+	a := &Agent{changed: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go a.releaseWhenQuiet(ctx)
@@ -32,7 +32,7 @@ func TestReleaseWhenQuiet(t *testing.T) {
 	before := released()
 	// Changes every half second: never quiet long enough.
 	for i := 0; i < 6; i++ {
-		a.active <- struct{}{}
+		a.changed <- struct{}{}
 		time.Sleep(quietBeforeRelease / 4)
 	}
 	if got := released(); got > before+32<<20 {

@@ -204,11 +204,11 @@ func (s *socket) send(req []netlink.Message) error {
 // batchReplies reads what the kernel sent about a batch whose messages (acked, in order) were
 // sent without asking for acknowledgements, and queues one reply per message for exchange.
 func (s *socket) batchReplies(acked []netlink.Header) error {
-	known := make(map[uint32]bool, len(acked))
+	// The kernel's error for each message that has one, by sequence number (nil: none).
+	errs := make(map[uint32]*netlink.Message, len(acked))
 	for _, h := range acked {
-		known[h.Sequence] = true
+		errs[h.Sequence] = nil
 	}
-	errs := map[uint32]netlink.Message{}
 	for {
 		msgs, err := s.receive(unix.MSG_DONTWAIT)
 		if errors.Is(err, unix.EAGAIN) {
@@ -221,8 +221,8 @@ func (s *socket) batchReplies(acked []netlink.Header) error {
 			if m.Header.Type != netlink.Error || len(m.Data) < 4 {
 				continue
 			}
-			if known[m.Header.Sequence] {
-				errs[m.Header.Sequence] = m
+			if _, ours := errs[m.Header.Sequence]; ours {
+				errs[m.Header.Sequence] = &m
 			} else if code := int32(binary.NativeEndian.Uint32(m.Data)); code < 0 {
 				// About the batch itself (its begin or end message): nothing was applied.
 				return fmt.Errorf("nfnetlink: batch refused: %w", syscall.Errno(-code))
@@ -230,8 +230,8 @@ func (s *socket) batchReplies(acked []netlink.Header) error {
 		}
 	}
 	for _, h := range acked {
-		if m, ok := errs[h.Sequence]; ok {
-			s.replies = append(s.replies, m)
+		if m := errs[h.Sequence]; m != nil {
+			s.replies = append(s.replies, *m)
 			continue
 		}
 		// An acknowledgement: error code 0, then the header of the request (NETLINK_CAP_ACK).

@@ -102,22 +102,26 @@ func NewCompiler(node string) *Compiler {
 		addrSets:  map[string]*addrSetState{},
 		namedSets: map[string]*namedSetState{},
 		cidrSets:  map[string]*CIDRSet{},
+		nsDirty:   map[string]bool{},
 		localGen:  1,
 
 		groupNames: map[string]*groupNamer{},
 	}
 }
 
-// localChanged reports whether any change concerns a pod of this node.
-func (cc *Compiler) localChanged(changes []podChange) bool {
+// markLocalChanges marks the namespaces of the changes that concern a pod of this node dirty,
+// and reports whether there was any.
+func (cc *Compiler) markLocalChanges(changes []podChange) bool {
+	found := false
 	for _, c := range changes {
 		for _, pi := range [2]*podInfo{c.old, c.new} {
 			if pi != nil && pi.pod.Spec.NodeName == cc.node {
-				return true
+				cc.markNamespaceDirty(pi.pod.Namespace)
+				found = true
 			}
 		}
 	}
-	return false
+	return found
 }
 
 // Compile computes the desired Ruleset for the pods on node with a fresh Compiler.
@@ -165,13 +169,7 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 		cc.indexPolicies(st)
 		cc.allNSDirty = true // any policy may have changed
 	}
-	for _, c := range changes {
-		for _, pi := range [2]*podInfo{c.old, c.new} {
-			if pi != nil && pi.pod.Spec.NodeName == cc.node {
-				cc.markNamespaceDirty(pi.pod.Namespace)
-			}
-		}
-	}
+	localChanged := cc.markLocalChanges(changes)
 	reuseNP := onlyClusterPolicies && cc.np != nil
 	if !reuseNP {
 		// A compile that takes over the NetworkPolicy part uses none of its selectors;
@@ -180,7 +178,7 @@ func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
 	}
 	cc.gen = st.Generation
 	stats.ChangedPods = len(changes)
-	if nsChanged || cc.localChanged(changes) {
+	if nsChanged || localChanged {
 		cc.localGen++
 	}
 
@@ -241,11 +239,10 @@ func (cc *Compiler) compileNetworkPolicies(prev *Ruleset) *networkPolicyPart {
 	clear(cc.nsDirty)
 	cc.allNSDirty = false
 
-	np := &networkPolicyPart{dispatch: rs.Dispatch, groups: rs.Groups, policies: rs.Policies, cidrSets: rs.CIDRSets,
+	np := &networkPolicyPart{dispatch: rs.Dispatch, groups: rs.Groups, policies: rs.Policies, cidrSets: rs.CIDRSets, localPods: len(cc.local),
 		addrDefs: make(map[string]addrSetDef, len(cc.addrSets)), namedDefs: make(map[string]namedSetDef, len(cc.namedSets))}
 	selecting := map[Direction]map[string][]string{Ingress: make(map[string][]string, len(cc.local)), Egress: make(map[string][]string, len(cc.local))}
 	for _, part := range parts {
-		np.localPods += part.localPods
 		np.selecting += len(part.compiled)
 		np.isolated += part.isolated
 		maps.Copy(rs.Policies, part.chains)
@@ -272,17 +269,11 @@ type nsPart struct {
 	compiled  map[*networkingv1.NetworkPolicy]*compiledPolicy // the policies selecting a local pod
 	chains    map[string]*PolicyRules                         // their chains
 	selecting map[Direction]map[string][]string               // local pod key -> chains judging it, sorted
-	localPods int
-	isolated  int // local pods selected by some policy
+	isolated  int                                             // local pods selected by some policy
 }
 
 // markNamespaceDirty makes the next compile recompute the nsPart of ns.
-func (cc *Compiler) markNamespaceDirty(ns string) {
-	if cc.nsDirty == nil {
-		cc.nsDirty = map[string]bool{}
-	}
-	cc.nsDirty[ns] = true
-}
+func (cc *Compiler) markNamespaceDirty(ns string) { cc.nsDirty[ns] = true }
 
 // compileNamespacePolicies computes the nsPart of ns, whose local pods are local. Policies
 // that prev compiled are taken over (compiled policies are found by pointer: a changed
@@ -293,7 +284,7 @@ func (cc *Compiler) compileNamespacePolicies(ns string, local []*podInfo, prev *
 		return strings.Compare(a.Name, b.Name)
 	})
 	part := &nsPart{compiled: map[*networkingv1.NetworkPolicy]*compiledPolicy{}, chains: map[string]*PolicyRules{},
-		selecting: map[Direction]map[string][]string{Ingress: {}, Egress: {}}, localPods: len(local)}
+		selecting: map[Direction]map[string][]string{Ingress: {}, Egress: {}}}
 	isolated := map[string]bool{}
 	var selected []*podInfo
 	for _, np := range nps {

@@ -44,13 +44,6 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 		cluster.NumberAfter(st, nil)
 	}
 	c := policy.NewCompiler(spec.LocalNode)
-	podKeys := func(st *cluster.State) []string {
-		var ks []string
-		for k := range st.Pods {
-			ks = append(ks, k)
-		}
-		return sortedStrings(ks)
-	}
 	for step := 0; step < 300; step++ {
 		next := st.Clone()
 		keys := podKeys(next)
@@ -196,6 +189,15 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 			t.Fatalf("step %d (%s): incremental compile differs from a fresh one:\n%s", step, what, describeDiff(got, want))
 		}
 	}
+}
+
+// podKeys returns the keys of st's pods, sorted.
+func podKeys(st *cluster.State) []string {
+	var ks []string
+	for k := range st.Pods {
+		ks = append(ks, k)
+	}
+	return sortedStrings(ks)
 }
 
 func sortedStrings(s []string) []string {

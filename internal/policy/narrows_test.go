@@ -31,11 +31,7 @@ func TestNarrowsKeepsItsPromise(t *testing.T) {
 	promises, alarms := 0, 0
 	for step := 0; step < 150; step++ {
 		next := st.Clone()
-		var keys []string
-		for k := range next.Pods {
-			keys = append(keys, k)
-		}
-		sortedStrings(keys)
+		keys := podKeys(next)
 		what := ""
 		switch r.IntN(6) {
 		case 0: // relabel a pod

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -24,10 +23,10 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
-	"golang.org/x/sys/unix"
 
 	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // pluginDir holds the upstream bridge and host-local plugins and ours, built by TestMain.
@@ -124,25 +123,11 @@ func newNS(t testing.TB) ns.NetNS {
 	}
 	t.Cleanup(func() {
 		n.Close()
-		if err := removeNSMount(n.Path()); err != nil {
+		if err := testbed.RemoveNetNSMount(n.Path()); err != nil {
 			t.Errorf("remove netns %s: %v", n.Path(), err)
 		}
 	})
 	return n
-}
-
-// removeNSMount detaches the netns bind mount lazily. testutils.UnmountNS
-// unmounts synchronously, which fails with EBUSY while a short-lived process
-// that entered the namespace (ip netns exec, a plugin) still holds a copy of
-// the mount; a lazy unmount lets the namespace go once that process exits.
-func removeNSMount(path string) error {
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
 }
 
 func nsName(n ns.NetNS) string { return filepath.Base(n.Path()) }

@@ -63,8 +63,14 @@ func createNamedNetNS(name string) (netns.NsHandle, error) {
 
 // deleteNamedNetNS unmounts and removes NetNSDir/name. Missing files are not
 // an error.
-func deleteNamedNetNS(name string) error {
-	p := filepath.Join(NetNSDir, name)
+func deleteNamedNetNS(name string) error { return RemoveNetNSMount(filepath.Join(NetNSDir, name)) }
+
+// RemoveNetNSMount detaches the netns bind mount at p and removes the file.
+// The unmount is lazy: a synchronous one fails with EBUSY while a short-lived
+// process that entered the namespace (ip netns exec, a CNI plugin) still holds
+// a copy of the mount, and a lazy one lets the namespace go once that process
+// exits. Missing files are not an error.
+func RemoveNetNSMount(p string) error {
 	var errs []error
 	if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
