@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"runtime"
+	"runtime/debug"
 	runtimemetrics "runtime/metrics"
 	"testing"
 	"time"
@@ -41,5 +42,21 @@ func TestReleaseWhenQuiet(t *testing.T) {
 	time.Sleep(quietBeforeRelease + time.Second)
 	if got := released(); got < before+32<<20 {
 		t.Fatalf("released %d MiB after a quiet period, want the 64 MiB of garbage", (got-before)>>20)
+	}
+}
+
+// TestSettleGC: the steady state collects at steadyGCPercent, unless the environment chose.
+func TestSettleGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	t.Setenv("GOGC", "")
+	t.Setenv("GOMEMLIMIT", "")
+	settleGC()
+	if got := debug.SetGCPercent(100); got != steadyGCPercent {
+		t.Fatalf("GC percent %d, want %d", got, steadyGCPercent)
+	}
+	t.Setenv("GOGC", "200")
+	settleGC()
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Fatalf("GC percent %d with GOGC set, want it left alone (100)", got)
 	}
 }

@@ -1,10 +1,13 @@
 package cluster
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -65,5 +68,43 @@ func TestFileHashesAgainstAMap(t *testing.T) {
 	}
 	if data, _ := json.Marshal(Revision{}); string(data) != "{}" {
 		t.Errorf("an empty Revision encodes as %s", data)
+	}
+}
+
+// TestFileHashesSHA256 checks the values sources give, hex SHA-256s (held in binary), beside
+// other strings (held as given), through folds and JSON.
+func TestFileHashesSHA256(t *testing.T) {
+	sum := func(i int) string { s := sha256.Sum256([]byte(fmt.Sprint(i))); return hex.EncodeToString(s[:]) }
+	want := map[string]string{"odd.yaml": "not-a-hash", "upper.yaml": strings.ToUpper(sum(-1))}
+	for i := range 1000 {
+		want[fmt.Sprintf("f%04d.yaml", i)] = sum(i)
+	}
+	f := FileHashesOf(want)
+	if len(f.text) != 2 {
+		t.Errorf("%d hashes held as text, want the 2 that are not lower-case hex SHA-256s", len(f.text))
+	}
+	for i := range 200 { // enough changes to fold
+		name := fmt.Sprintf("f%04d.yaml", i)
+		want[name] = sum(i + 5000)
+		f = f.With(map[string]string{name: want[name]})
+	}
+	f = f.With(map[string]string{"f0999.yaml": "", "new.yaml": "also-odd"})
+	delete(want, "f0999.yaml")
+	want["new.yaml"] = "also-odd"
+	if !maps.Equal(f.Map(), want) || f.Len() != len(want) {
+		t.Fatalf("got %d files, want %d (maps equal: %v)", f.Len(), len(want), maps.Equal(f.Map(), want))
+	}
+	for name, h := range want {
+		if got, ok := f.Get(name); !ok || got != h {
+			t.Fatalf("Get(%s) = %q %v, want %q", name, got, ok, h)
+		}
+	}
+	data, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]string
+	if err := json.Unmarshal(data, &m); err != nil || !maps.Equal(m, want) {
+		t.Fatalf("JSON %s: %v", data, err)
 	}
 }

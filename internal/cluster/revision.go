@@ -50,7 +50,7 @@ func (r Revision) Only(files, resources []string) Revision {
 			found[f] = h
 		}
 	}
-	out.Files = FileHashes{base: found, n: len(found)}
+	out.Files = FileHashesOf(found)
 	for _, res := range resources {
 		if out.ResourceVersions == nil {
 			out.ResourceVersions = map[string]uint64{}

@@ -20,27 +20,50 @@ import (
 //
 // The result shares read-only parts with the input (labels map, podCIDRs, addresses, a
 // NetworkPolicy's spec): the input must not be changed afterwards. Nothing is defaulted.
+//
+// The methods of the same names on an Interner also share equal parts between their results
+// (see Interner), which must then not be changed either, not even defaulted: they are for
+// objects defaulted before they are stripped.
 
 // StripMeta keeps name, namespace, labels (shared), resourceVersion and uid.
-func StripMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
+func StripMeta(m *metav1.ObjectMeta) metav1.ObjectMeta { return (*Interner)(nil).StripMeta(m) }
+
+// StripPod returns what the agent reads of pod.
+func StripPod(pod *corev1.Pod) *corev1.Pod { return (*Interner)(nil).StripPod(pod) }
+
+// StripNamespace returns what the agent reads of ns: its metadata.
+func StripNamespace(ns *corev1.Namespace) *corev1.Namespace {
+	return (*Interner)(nil).StripNamespace(ns)
+}
+
+// StripNode returns what the agent reads of node.
+func StripNode(node *corev1.Node) *corev1.Node { return (*Interner)(nil).StripNode(node) }
+
+// StripNetworkPolicy returns what the agent reads of np: its metadata and spec (shared).
+func StripNetworkPolicy(np *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
+	return (*Interner)(nil).StripNetworkPolicy(np)
+}
+
+// StripMeta is cluster.StripMeta, with the labels interned.
+func (in *Interner) StripMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 	return metav1.ObjectMeta{
 		Name:            m.Name,
 		Namespace:       m.Namespace,
-		Labels:          m.Labels,
+		Labels:          in.Labels(m.Labels),
 		ResourceVersion: m.ResourceVersion,
 		UID:             m.UID,
 	}
 }
 
-// StripPod returns what the agent reads of pod.
-func StripPod(pod *corev1.Pod) *corev1.Pod {
+// StripPod is cluster.StripPod, with the labels and container port lists interned.
+func (in *Interner) StripPod(pod *corev1.Pod) *corev1.Pod {
 	out := &corev1.Pod{
-		ObjectMeta: StripMeta(&pod.ObjectMeta),
+		ObjectMeta: in.StripMeta(&pod.ObjectMeta),
 		Spec: corev1.PodSpec{
 			NodeName:       pod.Spec.NodeName,
 			HostNetwork:    pod.Spec.HostNetwork,
-			InitContainers: containerPorts(pod.Spec.InitContainers),
-			Containers:     containerPorts(pod.Spec.Containers),
+			InitContainers: in.containerPorts(pod.Spec.InitContainers),
+			Containers:     in.containerPorts(pod.Spec.Containers),
 		},
 		Status: corev1.PodStatus{
 			Phase: pod.Status.Phase,
@@ -53,47 +76,65 @@ func StripPod(pod *corev1.Pod) *corev1.Pod {
 	return out
 }
 
-// containerPorts keeps, for each container that has ports, only the ports' name, number and
-// protocol. It returns nil when no container has ports.
-func containerPorts(containers []corev1.Container) []corev1.Container {
-	n := 0
-	for i := range containers {
-		if len(containers[i].Ports) > 0 {
-			n++
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	out := make([]corev1.Container, 0, n)
-	for i := range containers {
-		if len(containers[i].Ports) == 0 {
-			continue
-		}
-		ports := make([]corev1.ContainerPort, len(containers[i].Ports))
-		for j, p := range containers[i].Ports {
-			ports[j] = corev1.ContainerPort{Name: p.Name, ContainerPort: p.ContainerPort, Protocol: p.Protocol}
-		}
-		out = append(out, corev1.Container{Ports: ports})
-	}
-	return out
+// StripNamespace is cluster.StripNamespace, with the labels interned.
+func (in *Interner) StripNamespace(ns *corev1.Namespace) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: in.StripMeta(&ns.ObjectMeta)}
 }
 
-// StripNamespace returns what the agent reads of ns: its metadata.
-func StripNamespace(ns *corev1.Namespace) *corev1.Namespace {
-	return &corev1.Namespace{ObjectMeta: StripMeta(&ns.ObjectMeta)}
-}
-
-// StripNode returns what the agent reads of node.
-func StripNode(node *corev1.Node) *corev1.Node {
+// StripNode is cluster.StripNode, with the labels interned.
+func (in *Interner) StripNode(node *corev1.Node) *corev1.Node {
 	return &corev1.Node{
-		ObjectMeta: StripMeta(&node.ObjectMeta),
+		ObjectMeta: in.StripMeta(&node.ObjectMeta),
 		Spec:       corev1.NodeSpec{PodCIDRs: node.Spec.PodCIDRs},
 		Status:     corev1.NodeStatus{Addresses: node.Status.Addresses},
 	}
 }
 
-// StripNetworkPolicy returns what the agent reads of np: its metadata and spec (shared).
-func StripNetworkPolicy(np *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
-	return &networkingv1.NetworkPolicy{ObjectMeta: StripMeta(&np.ObjectMeta), Spec: np.Spec}
+// StripNetworkPolicy is cluster.StripNetworkPolicy, with the labels and the selectors' matchLabels
+// interned. The rules are copied (to hold the interned selectors without writing into np), and
+// share their ports and matchExpressions with np.
+func (in *Interner) StripNetworkPolicy(np *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
+	out := &networkingv1.NetworkPolicy{ObjectMeta: in.StripMeta(&np.ObjectMeta), Spec: np.Spec}
+	if in == nil {
+		return out
+	}
+	out.Spec.PodSelector.MatchLabels = in.Labels(np.Spec.PodSelector.MatchLabels)
+	if rules := np.Spec.Ingress; rules != nil {
+		out.Spec.Ingress = make([]networkingv1.NetworkPolicyIngressRule, len(rules))
+		for i, r := range rules {
+			r.From = in.peers(r.From)
+			out.Spec.Ingress[i] = r
+		}
+	}
+	if rules := np.Spec.Egress; rules != nil {
+		out.Spec.Egress = make([]networkingv1.NetworkPolicyEgressRule, len(rules))
+		for i, r := range rules {
+			r.To = in.peers(r.To)
+			out.Spec.Egress[i] = r
+		}
+	}
+	return out
+}
+
+// peers returns a copy of peers with their selectors' matchLabels interned.
+func (in *Interner) peers(peers []networkingv1.NetworkPolicyPeer) []networkingv1.NetworkPolicyPeer {
+	if peers == nil {
+		return nil
+	}
+	out := make([]networkingv1.NetworkPolicyPeer, len(peers))
+	for i, p := range peers {
+		p.PodSelector = in.selector(p.PodSelector)
+		p.NamespaceSelector = in.selector(p.NamespaceSelector)
+		out[i] = p
+	}
+	return out
+}
+
+func (in *Interner) selector(s *metav1.LabelSelector) *metav1.LabelSelector {
+	if s == nil {
+		return nil
+	}
+	c := *s
+	c.MatchLabels = in.Labels(s.MatchLabels)
+	return &c
 }

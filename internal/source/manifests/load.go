@@ -68,12 +68,13 @@ type loader struct {
 	dir    string
 	logger *slog.Logger
 	// files holds every manifest file present, readable or not, with the latest parse of its
-	// content (so that unchanged content is not parsed again, nor its skipped kinds logged).
+	// content (so that unchanged content is not parsed again, nor its skipped kinds logged) and
+	// its content in effect.
 	files map[string]*fileState
-	// good is the content of each file that is in effect: its last content without problems.
-	good map[string]*fileContent
+	// goodFiles counts the files with content in effect.
+	goodFiles int
 	// owner says, for each object in effect, which file it comes from.
-	owner map[objKey]*owned
+	owner map[objKey]owned
 	// held lists the files whose content is good but not in effect, because it defines objects
 	// that other files hold: every update looks at them again, as their rivals may have let go.
 	held map[string]bool
@@ -84,14 +85,20 @@ type loader struct {
 	dotDirs map[string]bool
 	// objects holds the objects in effect and the Revision, and makes the snapshots.
 	objects *cluster.Tracker
+	// interner shares the equal parts of the objects read (label sets above all).
+	interner *cluster.Interner
 }
 
-// fileState is what was last read of one manifest file.
+// fileState is what was last read of one manifest file, and its content in effect.
 type fileState struct {
-	fc     *fileContent // nil when it could not be read
-	err    error        // why it could not be read
-	stat   statKey      // of the file as it was read
-	readAt time.Time    // when, to tell content changed within the file system's timestamp granularity
+	fc *fileContent // nil when it could not be read
+	// good is the content in effect: the last content without problems (nil if none).
+	good *fileContent
+	err  error   // why it could not be read
+	stat statKey // of the file as it was read
+	// readAt is when (Unix nanoseconds), to tell content changed within the file system's
+	// timestamp granularity.
+	readAt int64
 }
 
 // statKey is what a stat says of a file's content, to find the files changed without reading them.
@@ -105,19 +112,19 @@ func statKeyOf(st *syscall.Stat_t) statKey {
 	return statKey{size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino, dev: uint64(st.Dev), mode: st.Mode}
 }
 
-// owned is an object in effect and its file.
+// owned is the file of an object in effect, and the object published for it.
 type owned struct {
 	file string
-	obj  *object // as in the file's content in effect, for messages
-	// pub is the object published for the key: obj, or an equal object read earlier, kept so
-	// that a file rewritten with the same objects changes no object of the snapshot.
+	// pub is the object published for the key: the object of file's content in effect, or an
+	// equal object read earlier, kept so that a file rewritten with the same objects changes no
+	// object of the snapshot.
 	pub *object
 }
 
 func newLoader(dir string, logger *slog.Logger) *loader {
-	return &loader{dir: dir, logger: logger, files: map[string]*fileState{}, good: map[string]*fileContent{},
-		owner: map[objKey]*owned{}, held: map[string]bool{}, errs: map[string][]error{}, dotDirs: map[string]bool{},
-		objects: cluster.NewTracker()}
+	return &loader{dir: dir, logger: logger, files: map[string]*fileState{},
+		owner: map[objKey]owned{}, held: map[string]bool{}, errs: map[string][]error{}, dotDirs: map[string]bool{},
+		objects: cluster.NewTracker(), interner: cluster.NewInterner()}
 }
 
 // manifestFile reports whether name is a file to read, and whether it is JSON.
@@ -193,8 +200,7 @@ func (l *loader) readFile(name string, prev *fileContent) readResult {
 	if sum := sha256.Sum256(data); prev != nil && prev.sum == sum {
 		r.fc = prev
 	} else {
-		r.fc = parseFile(path, name, data, sum, isJSON, l.logger)
-		r.fc.hex = hex.EncodeToString(sum[:])
+		r.fc = parseFile(path, data, sum, isJSON, l.interner, l.logger)
 	}
 	return r
 }
@@ -305,25 +311,40 @@ func (l *loader) update(names []string) ([]error, error) {
 		}
 	}
 
-	if len(l.files) == 0 && len(l.good) == 0 && len(l.owner) == 0 {
+	if len(l.files) == 0 && len(l.owner) == 0 {
 		// The first read of the directory: its maps are made at their size rather than grown.
 		l.files = make(map[string]*fileState, len(reads))
-		l.good = make(map[string]*fileContent, len(reads))
-		l.owner = make(map[objKey]*owned, len(reads))
+		l.owner = make(map[objKey]owned, len(reads))
+	}
+	// The content in effect of the files found gone, until it is replaced below.
+	goneGood := map[string]*fileContent{}
+	good := func(name string) *fileContent {
+		if fs := l.files[name]; fs != nil {
+			return fs.good
+		}
+		return goneGood[name]
 	}
 	candidates := make(map[string]bool, len(reads)+len(l.held))
 	for _, r := range reads {
 		candidates[r.name] = true
+		prev := l.files[r.name]
+		var prevGood *fileContent
+		if prev != nil {
+			prevGood = prev.good
+		}
 		switch {
 		case r.gone:
+			if prevGood != nil {
+				goneGood[r.name] = prevGood
+			}
 			delete(l.files, r.name)
 			l.objects.SetFile(r.name, "")
 		case r.err != nil:
-			l.files[r.name] = &fileState{err: r.err, readAt: r.readAt}
+			l.files[r.name] = &fileState{good: prevGood, err: r.err, readAt: r.readAt.UnixNano()}
 			l.objects.SetFile(r.name, "")
 		default:
-			l.files[r.name] = &fileState{fc: r.fc, stat: r.stat, readAt: r.readAt}
-			l.objects.SetFile(r.name, r.fc.hex)
+			l.files[r.name] = &fileState{fc: r.fc, good: prevGood, stat: r.stat, readAt: r.readAt.UnixNano()}
+			l.objects.SetFile(r.name, hex.EncodeToString(r.fc.sum[:]))
 		}
 	}
 	for name := range l.held {
@@ -341,22 +362,22 @@ func (l *loader) update(names []string) ([]error, error) {
 		case fs.fc != nil && len(fs.fc.errs) == 0:
 			fresh[name] = true
 			content[name] = fs.fc
-		case l.good[name] != nil:
-			content[name] = l.good[name]
+		case fs.good != nil:
+			content[name] = fs.good
 		}
 	}
 	parsedGood := maps.Clone(fresh)
 	dupErrs := l.resolveDuplicates(files, candidates, content, fresh)
 
 	// Objects leave before any arrives, so that an object moving between files stays.
-	removed := map[objKey]*owned{}
+	removed := map[objKey]owned{}
 	for _, name := range files {
-		old := l.good[name]
+		old := good(name)
 		if old == nil || content[name] == old {
 			continue
 		}
 		for _, o := range old.objects {
-			if ow := l.owner[o.key]; ow != nil && ow.file == name {
+			if ow, ok := l.owner[o.key]; ok && ow.file == name {
 				removed[o.key] = ow
 				delete(l.owner, o.key)
 			}
@@ -364,12 +385,12 @@ func (l *loader) update(names []string) ([]error, error) {
 	}
 	for _, name := range files {
 		fc := content[name]
-		if fc == nil || fc == l.good[name] {
+		if fc == nil || fc == good(name) {
 			continue
 		}
 		for _, o := range fc.objects {
-			ow := &owned{file: name, obj: o, pub: o}
-			if prev := removed[o.key]; prev != nil {
+			ow := owned{file: name, pub: o}
+			if prev, ok := removed[o.key]; ok {
 				delete(removed, o.key)
 				if prev.pub.sameAs(o) {
 					ow.pub = prev.pub
@@ -387,10 +408,15 @@ func (l *loader) update(names []string) ([]error, error) {
 
 	for _, name := range files {
 		fs := l.files[name]
-		if fc := content[name]; fc != nil {
-			l.good[name] = fc
-		} else {
-			delete(l.good, name)
+		if good(name) != nil {
+			l.goodFiles--
+		}
+		if fs != nil {
+			// content is nil for a file gone.
+			fs.good = content[name]
+		}
+		if content[name] != nil {
+			l.goodFiles++
 		}
 		if parsedGood[name] && !fresh[name] {
 			l.held[name] = true
@@ -420,23 +446,22 @@ func (l *loader) update(names []string) ([]error, error) {
 
 // setObject stores obj under key in the tracker, or removes key when obj is nil.
 func (l *loader) setObject(key objKey, obj metav1.Object) {
-	k := cluster.Key(key.ns, key.name)
 	switch key.kind {
-	case kindNamespace:
+	case objNamespace:
 		o, _ := obj.(*corev1.Namespace)
-		l.objects.SetNamespace(key.name, o)
-	case kindNode:
+		l.objects.SetNamespace(key.id, o)
+	case objNode:
 		o, _ := obj.(*corev1.Node)
-		l.objects.SetNode(key.name, o)
-	case kindPod:
+		l.objects.SetNode(key.id, o)
+	case objPod:
 		o, _ := obj.(*corev1.Pod)
-		l.objects.SetPod(k, o)
-	case kindPolicy:
+		l.objects.SetPod(key.id, o)
+	case objPolicy:
 		o, _ := obj.(*networkingv1.NetworkPolicy)
-		l.objects.SetPolicy(k, o)
-	case kindCNP:
+		l.objects.SetPolicy(key.id, o)
+	case objCNP:
 		o, _ := obj.(*npav1beta1.ClusterNetworkPolicy)
-		l.objects.SetClusterPolicy(key.name, o)
+		l.objects.SetClusterPolicy(key.id, o)
 	}
 }
 
@@ -448,7 +473,7 @@ func (l *loader) stale(scan map[string]scanEntry) []string {
 		fs := l.files[name]
 		// A file written again within the timestamp granularity of the file system, with the
 		// same size, looks unchanged: a file modified close to when it was read is read again.
-		if fs == nil || e.err != nil || fs.err != nil || e.stat != fs.stat || e.stat.mtime >= fs.readAt.Add(-racyWindow).UnixNano() {
+		if fs == nil || e.err != nil || fs.err != nil || e.stat != fs.stat || e.stat.mtime >= fs.readAt-int64(racyWindow) {
 			names = append(names, name)
 		}
 	}
@@ -506,7 +531,15 @@ func (l *loader) resolveDuplicates(files []string, updating map[string]bool, con
 	}
 	errs := map[string][]error{}
 	for {
-		providers := make(map[objKey][]string, len(l.owner)+len(files))
+		// Sized by the objects of the files being updated, not by every object in effect: a
+		// change of one file must not allocate for the whole directory.
+		n := 0
+		for _, name := range files {
+			if fc := content[name]; fc != nil {
+				n += len(fc.objects)
+			}
+		}
+		providers := make(map[objKey][]string, n)
 		for _, name := range files {
 			fc := content[name]
 			if fc == nil {
@@ -519,10 +552,11 @@ func (l *loader) resolveDuplicates(files []string, updating map[string]bool, con
 		// objectIn returns the object key of a file's content; looked up only for duplicates,
 		// which are rare, rather than indexed for every object.
 		objectIn := func(key objKey, name string) *object {
+			fc := content[name]
 			if !updating[name] {
-				return l.owner[key].obj
+				fc = l.files[name].good
 			}
-			for _, o := range content[name].objects {
+			for _, o := range fc.objects {
 				if o.key == key {
 					return o
 				}
@@ -532,7 +566,7 @@ func (l *loader) resolveDuplicates(files []string, updating map[string]bool, con
 		losses := map[string][]loss{}
 		for key, names := range providers {
 			// A file not being updated that holds the object holds it still.
-			if ow := l.owner[key]; ow != nil && !updating[ow.file] {
+			if ow, ok := l.owner[key]; ok && !updating[ow.file] {
 				names = append(names, ow.file)
 				slices.Sort(names)
 			}
@@ -581,21 +615,22 @@ func (l *loader) resolveDuplicates(files []string, updating map[string]bool, con
 		for _, name := range revert {
 			ls := losses[name]
 			slices.SortFunc(ls, func(a, b loss) int {
-				return cmp.Or(cmp.Compare(a.obj.loc.doc, b.obj.loc.doc), cmp.Compare(a.obj.loc.item, b.obj.loc.item))
+				return cmp.Or(cmp.Compare(a.obj.doc, b.obj.doc), cmp.Compare(a.obj.item, b.obj.item))
 			})
 			for _, x := range ls {
 				other := objectIn(x.obj.key, x.winner)
 				kept := "this file is not applied"
-				if l.good[name] != nil {
+				if l.files[name].good != nil {
 					kept = "keeping this file's previous content"
 				}
-				errs[name] = append(errs[name], x.obj.loc.errorf("duplicate %s: also defined in %s (%s); %s",
-					x.obj.key, filepath.Join(l.dir, x.winner), other.loc.docRef(), kept))
+				winner := filepath.Join(l.dir, x.winner)
+				errs[name] = append(errs[name], x.obj.loc(filepath.Join(l.dir, name)).errorf("duplicate %s: also defined in %s (%s); %s",
+					x.obj.key, winner, other.loc(winner).docRef(), kept))
 			}
 		}
 		for _, name := range revert {
 			fresh[name] = false
-			if g := l.good[name]; g != nil {
+			if g := l.files[name].good; g != nil {
 				content[name] = g
 			} else {
 				delete(content, name)

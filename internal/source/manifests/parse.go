@@ -24,7 +24,7 @@ import (
 	"github.com/netwarden/netwarden/internal/cluster"
 )
 
-// The kinds the agent reads. Their names are also the Kind part of objKey.
+// The kinds the agent reads.
 const (
 	kindNamespace = "Namespace"
 	kindPod       = "Pod"
@@ -40,8 +40,24 @@ const (
 	cnpV1alpha2 = "policy.networking.k8s.io/v1alpha2"
 )
 
+// objKind numbers the kinds the agent reads, for objKey.
+type objKind uint8
+
+const (
+	objNamespace objKind = iota
+	objPod
+	objPolicy
+	objNode
+	objCNP
+)
+
+var objKindNames = [...]string{objNamespace: kindNamespace, objPod: kindPod, objPolicy: kindPolicy, objNode: kindNode, objCNP: kindCNP}
+
+func (k objKind) String() string { return objKindNames[k] }
+
 // kindInfo describes how to decode, default and validate one supported kind.
 type kindInfo struct {
+	id objKind
 	// apiVersions are the versions accepted; objects are converted to the first.
 	apiVersions []string
 	namespaced  bool
@@ -53,16 +69,17 @@ type kindInfo struct {
 	prepare func(obj metav1.Object) field.ErrorList
 	// strip returns a prepared, valid object with only what the agent reads (and its TypeMeta),
 	// as the API source keeps: a file's last good content stays in memory as long as it is in
-	// effect.
-	strip func(obj metav1.Object) metav1.Object
+	// effect. Its equal parts are shared with other objects through in.
+	strip func(in *cluster.Interner, obj metav1.Object) metav1.Object
 }
 
 func newKind[T any, PT interface {
 	*T
 	metav1.Object
-}](kind string, apiVersions []string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList, strip func(PT) PT) kindInfo {
-	typeMeta := metav1.TypeMeta{Kind: kind, APIVersion: apiVersions[0]}
+}](id objKind, apiVersions []string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList, strip func(*cluster.Interner, PT) PT) kindInfo {
+	typeMeta := metav1.TypeMeta{Kind: id.String(), APIVersion: apiVersions[0]}
 	return kindInfo{
+		id:          id,
 		apiVersions: apiVersions,
 		namespaced:  namespaced,
 		decode: func(raw []byte) (metav1.Object, []error, error) {
@@ -79,8 +96,8 @@ func newKind[T any, PT interface {
 			def(obj)
 			return validate(obj)
 		},
-		strip: func(o metav1.Object) metav1.Object {
-			obj := strip(o.(PT))
+		strip: func(in *cluster.Interner, o metav1.Object) metav1.Object {
+			obj := strip(in, o.(PT))
 			setType(obj, typeMeta)
 			return obj
 		},
@@ -93,17 +110,19 @@ var (
 )
 
 var kinds = map[string]kindInfo{
-	kindNamespace: newKind(kindNamespace, core, false,
-		func(o *corev1.Namespace, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNamespace, cluster.ValidateNamespace, cluster.StripNamespace),
-	kindPod: newKind(kindPod, core, true,
-		func(o *corev1.Pod, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultPod, cluster.ValidatePod, cluster.StripPod),
-	kindPolicy: newKind(kindPolicy, []string{"networking.k8s.io/v1"}, true,
-		func(o *networkingv1.NetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNetworkPolicy, cluster.ValidateNetworkPolicy, cluster.StripNetworkPolicy),
-	kindNode: newKind(kindNode, core, false,
-		func(o *corev1.Node, tm metav1.TypeMeta) { o.TypeMeta = tm }, func(*corev1.Node) {}, cluster.ValidateNode, cluster.StripNode),
-	kindCNP: newKind(kindCNP, cnp, false,
+	kindNamespace: newKind(objNamespace, core, false,
+		func(o *corev1.Namespace, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNamespace, cluster.ValidateNamespace, (*cluster.Interner).StripNamespace),
+	kindPod: newKind(objPod, core, true,
+		func(o *corev1.Pod, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultPod, cluster.ValidatePod, (*cluster.Interner).StripPod),
+	kindPolicy: newKind(objPolicy, []string{"networking.k8s.io/v1"}, true,
+		func(o *networkingv1.NetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNetworkPolicy, cluster.ValidateNetworkPolicy, (*cluster.Interner).StripNetworkPolicy),
+	kindNode: newKind(objNode, core, false,
+		func(o *corev1.Node, tm metav1.TypeMeta) { o.TypeMeta = tm }, func(*corev1.Node) {}, cluster.ValidateNode, (*cluster.Interner).StripNode),
+	kindCNP: newKind(objCNP, cnp, false,
 		func(o *npav1beta1.ClusterNetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, stripClusterPolicy, cluster.ValidateClusterNetworkPolicy,
-		func(o *npav1beta1.ClusterNetworkPolicy) *npav1beta1.ClusterNetworkPolicy { return o }),
+		func(_ *cluster.Interner, o *npav1beta1.ClusterNetworkPolicy) *npav1beta1.ClusterNetworkPolicy {
+			return o
+		}),
 }
 
 // decodeTyped decodes raw with the typedDecoder when its kind has one and raw is within what it
@@ -142,57 +161,83 @@ var listKinds = map[string]struct {
 	"ClusterNetworkPolicyList": {cnp, kindCNP},
 }
 
-// objKey identifies an object across files. ns is empty for cluster-scoped kinds.
-type objKey struct{ kind, ns, name string }
+// objKey identifies an object across files: its kind, and its key in the State's map of that
+// kind (namespace/name, or the name of a cluster-scoped object), the very string the map is
+// keyed by, so that one copy serves both.
+type objKey struct {
+	id   string
+	kind objKind
+}
 
-func (k objKey) String() string {
-	if k.ns == "" {
-		return k.kind + " " + k.name
+func keyOf(kind objKind, namespaced bool, ns, name string) objKey {
+	if namespaced {
+		return objKey{id: cluster.Key(ns, name), kind: kind}
 	}
-	return k.kind + " " + k.ns + "/" + k.name
+	return objKey{id: name, kind: kind}
+}
+
+func (k objKey) String() string { return k.kind.String() + " " + k.id }
+
+// nsName returns the namespace (empty for a cluster-scoped kind) and name of k.
+func (k objKey) nsName() (ns, name string) {
+	switch k.kind {
+	case objPod, objPolicy:
+		// A namespace has no "/" (it is a DNS label).
+		ns, name, _ = strings.Cut(k.id, "/")
+		return ns, name
+	}
+	return "", k.id
 }
 
 // object is one good, defaulted and validated object read from a file. It is never mutated after
 // parsing: the same pointer is shared by every State built while its file's content is unchanged.
+// Thousands are held, so it keeps what it must and nothing twice: where it is in its file
+// without the file (see loc), and its sum only once one was needed.
 type object struct {
 	key objKey
-	loc location
 	obj metav1.Object
+	// doc, line and item are those of its location.
+	doc, line, item int32
 	// sum is the hash of the object's JSON, for change detection, computed when first needed
 	// (a cold start compares none). Only the loader's update reads it.
-	sum    [sha256.Size]byte
-	summed bool
+	sum *[sha256.Size]byte
+}
+
+// loc returns where o is, in the file at path.
+func (o *object) loc(path string) location {
+	ns, name := o.key.nsName()
+	return location{file: path, doc: int(o.doc), line: int(o.line), item: int(o.item), kind: o.key.kind.String(), ns: ns, name: name}
 }
 
 // sameAs reports whether o and other are equal objects (by their sums).
 func (o *object) sameAs(other *object) bool {
-	return o.digest() && other.digest() && o.sum == other.sum
+	return o.digest() && other.digest() && *o.sum == *other.sum
 }
 
 // digest computes the object's sum if needed; false if it cannot be computed (never for the
 // kinds read): the object is then taken as changed.
 func (o *object) digest() bool {
-	if !o.summed {
+	if o.sum == nil {
 		b, err := json.Marshal(o.obj)
 		if err != nil {
 			return false
 		}
-		o.sum, o.summed = sha256.Sum256(b), true
+		sum := sha256.Sum256(b)
+		o.sum = &sum
 	}
 	return true
 }
 
 // fileContent is the result of parsing one file's bytes.
 type fileContent struct {
-	name    string // file name inside the directory
 	sum     [sha256.Size]byte
-	hex     string // sum, spelled as a Revision spells it
 	objects []*object
 	errs    []error
 }
 
 // parser parses one file.
 type parser struct {
+	in     *cluster.Interner
 	isYAML bool
 	path   string
 	logger *slog.Logger
@@ -203,15 +248,15 @@ type parser struct {
 
 // parseFile parses the content of one manifest file, whose hash is sum. isJSON selects JSON (a
 // stream of values) rather than multi-document YAML.
-func parseFile(path, name string, data []byte, sum [sha256.Size]byte, isJSON bool, logger *slog.Logger) *fileContent {
-	p := &parser{isYAML: !isJSON, path: path, logger: logger, seen: map[objKey]*object{}}
+func parseFile(path string, data []byte, sum [sha256.Size]byte, isJSON bool, in *cluster.Interner, logger *slog.Logger) *fileContent {
+	p := &parser{in: in, isYAML: !isJSON, path: path, logger: logger, seen: map[objKey]*object{}}
 	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) // UTF-8 byte order mark
 	if isJSON {
 		p.parseJSON(data)
 	} else {
 		p.parseYAML(data)
 	}
-	return &fileContent{name: name, sum: sum, objects: p.objs, errs: p.errs}
+	return &fileContent{sum: sum, objects: p.objs, errs: p.errs}
 }
 
 func (p *parser) parseJSON(data []byte) {
@@ -418,12 +463,12 @@ func (p *parser) parseObject(raw []byte, read *header, loc location, itemKind, i
 	if len(strict) > 0 || len(fieldErrs) > 0 {
 		return
 	}
-	key := objKey{kind: hdr.Kind, ns: obj.GetNamespace(), name: obj.GetName()}
+	key := keyOf(info.id, info.namespaced, obj.GetNamespace(), obj.GetName())
 	if prev, dup := p.seen[key]; dup {
-		p.errs = append(p.errs, loc.errorf("duplicate %s: also defined in %s of this file", key, prev.loc.docRef()))
+		p.errs = append(p.errs, loc.errorf("duplicate %s: also defined in %s of this file", key, prev.loc(p.path).docRef()))
 		return
 	}
-	o := &object{key: key, loc: loc, obj: info.strip(obj)}
+	o := &object{key: key, obj: info.strip(p.in, obj), doc: int32(loc.doc), line: int32(loc.line), item: int32(loc.item)}
 	p.seen[key] = o
 	p.objs = append(p.objs, o)
 }
