@@ -103,6 +103,7 @@ func New(cfg Config) *Agent {
 		cfg.Logger = slog.Default()
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics(), changed: make(chan struct{}, 1)}
+	a.flows = newFlowJudge(a)
 	if cfg.Policy != nil {
 		a.status.policy = &FeatureStatus{Backend: cfg.Policy.Name()}
 		a.policy = a.newPolicyLoop()
@@ -143,6 +144,7 @@ func (a *Agent) logReady() {
 		// The initial load and full sync make most of the garbage the agent ever makes (at
 		// 16,000 objects the heap peaks near twice what it keeps); give those pages back now
 		// rather than hold them as the resident size of a node agent that then sits mostly idle.
+		settleGC()
 		go debug.FreeOSMemory()
 	}
 }
@@ -297,6 +299,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.ready.Store(true)
 		a.logReady()
 	} else {
+		go a.flows.run(ctx)
 		go func() { loops <- a.policy.run(ctx, nil) }()
 	}
 	select {
@@ -340,6 +343,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 		// transaction: the rules in the kernel stand for it as they are.
 		a.unchangedSync()
 		a.policyApplied(st)
+		a.flows.submit(a.applied.Load(), st.Generation, false, false)
 		a.log.Debug("no change", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "objectsChanged", false)
 		return nil
 	}
@@ -357,7 +361,8 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 		return err
 	}
 	applied := time.Now()
-	if err := a.afterSync(ctx, cst, rs, res); err != nil {
+	narrowed, err := a.afterSync(ctx, cst, rs, res)
+	if err != nil {
 		return err
 	}
 	a.inSync = true
@@ -381,6 +386,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	}
 	// After the log line, so that whoever sees the status can read the line too.
 	a.policyApplied(st)
+	a.flows.submit(rs, st.Generation, res.Operations > 0 || res.Full, narrowed)
 	return nil
 }
 

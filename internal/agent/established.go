@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,27 +32,154 @@ const DefaultDenyMark = 0x20000000
 // A later change that allows the flow again clears the bit. Flows not judged by the new rules
 // (no local pod isolated on either side) are never touched, nor are allowed ones.
 
-// establishedPass re-judges every conntrack entry that concerns an isolated local pod (or
-// carries the deny bit) with rs, and sets or clears the deny bit where the verdict differs.
-func (a *Agent) establishedPass(rs *policy.Ruleset) error {
-	mask := a.cfg.DenyMark
-	if mask == 0 {
-		return nil
+// flowJudge re-judges established flows after the syncs that may have changed their verdicts,
+// beside the sync loop rather than in it. The walk reads the kernel's whole conntrack table
+// (8-10 ms for 262,144 buckets even when empty, far more on a busy node), and new connections
+// are judged by the rules from the moment the transaction commits: holding the next change of
+// rules back for the walk would delay every verdict to protect a few flows. The walk always
+// uses the latest Ruleset, and Status reports the Generation it covers (EstablishedGeneration),
+// so a writer that needs its established flows cut waits for that.
+type flowJudge struct {
+	a *Agent
+	// enabled: a guard drops the flows carrying DenyMark; without one, nothing is re-judged.
+	enabled bool
+	wake    chan struct{}
+	ctSock  *nftnl.Raw // the worker's only
+	// judge is pass; tests replace it.
+	judge func(*policy.Ruleset) (anyMarked bool, err error)
+
+	mu  sync.Mutex
+	rs  *policy.Ruleset // the latest Ruleset the kernel holds, and its Generation
+	gen uint64
+	// need: a change since the last pass may have turned an allowed flow into a denied one
+	// (or back, when some flow carries the bit).
+	need      bool
+	busy      bool // the worker has work or is at it: it publishes, not submit
+	anyMarked bool // the last pass left some entry with the deny bit
+}
+
+func newFlowJudge(a *Agent) *flowJudge {
+	j := &flowJudge{a: a, enabled: a.cfg.Guard != nil && a.cfg.DenyMark != 0, wake: make(chan struct{}, 1)}
+	j.judge = j.pass
+	return j
+}
+
+// submit tells the judge that the kernel holds rs, compiled from Generation gen. changed: the
+// rules changed; narrowed: some verdict may have gone from allow to deny (or the rules were
+// replaced whole, which says nothing of what came before).
+func (j *flowJudge) submit(rs *policy.Ruleset, gen uint64, changed, narrowed bool) {
+	j.mu.Lock()
+	j.rs, j.gen = rs, gen
+	if j.enabled && (narrowed || changed && j.anyMarked) {
+		j.need = true
 	}
-	if !a.anyMarked && !hasIsolation(rs) {
-		return nil
+	if !j.busy && !j.need {
+		// No verdict went from allow to deny, and no flow is flagged: the last pass covers
+		// this Generation too.
+		j.mu.Unlock()
+		j.published(gen, nil)
+		return
+	}
+	j.busy = true
+	j.mu.Unlock()
+	j.signal()
+}
+
+func (j *flowJudge) signal() {
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run passes over the conntrack table whenever a submitted change needs it, until ctx is done.
+// A failed pass is retried with backoff; Generation stays where the last good pass left it.
+func (j *flowJudge) run(ctx context.Context) {
+	retry := time.NewTimer(0)
+	<-retry.C
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-j.wake:
+		case <-retry.C:
+		}
+		j.mu.Lock()
+		rs, gen, due := j.rs, j.gen, j.need
+		j.need = false
+		j.mu.Unlock()
+		if due {
+			marked, err := j.judge(rs)
+			if err != nil {
+				j.mu.Lock()
+				j.need = true
+				j.mu.Unlock()
+				j.a.metrics.establishedErrors.Inc()
+				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
+				j.a.log.Error("re-judging established flows failed", "err", err, "retryIn", backoff)
+				j.published(0, err)
+				retry.Reset(backoff)
+				continue
+			}
+			backoff = 0
+			j.mu.Lock()
+			j.anyMarked = marked
+			j.mu.Unlock()
+		}
+		j.published(gen, nil)
+		j.mu.Lock()
+		if j.gen != gen && j.anyMarked {
+			// The rules changed during the pass, and some flow carries the bit: the new
+			// rules may allow it again.
+			j.need = true
+		}
+		if j.gen == gen && !j.need {
+			j.busy = false
+		} else {
+			j.signal()
+		}
+		j.mu.Unlock()
+	}
+}
+
+// published records on the status that established flows are judged by Generation gen's rules
+// (gen 0 with err: a pass failed, and the Generation stays).
+func (j *flowJudge) published(gen uint64, err error) {
+	j.a.status.update(&j.a.status.policy, func(fs *FeatureStatus) {
+		if err != nil {
+			fs.EstablishedError = err.Error()
+			return
+		}
+		fs.EstablishedGeneration, fs.EstablishedError = gen, ""
+	})
+	if err == nil {
+		j.a.metrics.appliedGeneration.WithLabelValues("established-flows").Set(float64(gen))
+	}
+}
+
+// pass re-judges every conntrack entry that concerns an isolated local pod (or carries the
+// deny bit) with rs, and sets or clears the deny bit where the verdict differs. It reports
+// whether some entry carries the bit afterwards.
+func (j *flowJudge) pass(rs *policy.Ruleset) (anyMarked bool, err error) {
+	mask := j.a.cfg.DenyMark
+	j.mu.Lock()
+	wasMarked := j.anyMarked
+	j.mu.Unlock()
+	if !wasMarked && !hasIsolation(rs) {
+		return false, nil
 	}
 	start := time.Now()
-	if a.ctSock == nil {
+	if j.ctSock == nil {
 		s, err := nftnl.DialRaw()
 		if err != nil {
-			return fmt.Errorf("established flows: %w", err)
+			return wasMarked, fmt.Errorf("established flows: %w", err)
 		}
-		a.ctSock = s
+		j.ctSock = s
 	}
-	flows, err := conntrack.Flows(a.ctSock)
+	flows, err := conntrack.Flows(j.ctSock)
 	if err != nil {
-		return fmt.Errorf("established flows: %w", err)
+		return wasMarked, fmt.Errorf("established flows: %w", err)
 	}
 	local := nodeAddrs()
 	var deny, allow []conntrack.Flow
@@ -71,20 +200,19 @@ func (a *Agent) establishedPass(rs *policy.Ruleset) error {
 			marked++
 		}
 	}
-	nd, err := conntrack.SetMarkBits(a.ctSock, deny, mask, true)
+	nd, err := conntrack.SetMarkBits(j.ctSock, deny, mask, true)
 	if err != nil {
-		return fmt.Errorf("established flows: %w", err)
+		return true, fmt.Errorf("established flows: %w", err)
 	}
-	na, err := conntrack.SetMarkBits(a.ctSock, allow, mask, false)
+	na, err := conntrack.SetMarkBits(j.ctSock, allow, mask, false)
 	if err != nil {
-		return fmt.Errorf("established flows: %w", err)
+		return true, fmt.Errorf("established flows: %w", err)
 	}
-	a.anyMarked = marked > 0
 	if nd+na > 0 {
-		a.log.Info("established flows re-judged", "denied", nd, "allowedAgain", na, "entries", len(flows),
+		j.a.log.Info("established flows re-judged", "denied", nd, "allowedAgain", na, "entries", len(flows),
 			"took", time.Since(start).Round(time.Microsecond))
 	}
-	return nil
+	return marked > 0, nil
 }
 
 func hasIsolation(rs *policy.Ruleset) bool {

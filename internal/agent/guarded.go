@@ -6,7 +6,6 @@ import (
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/guard"
-	"github.com/netwarden/netwarden/internal/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -15,9 +14,8 @@ import (
 // established.go) and, with the gate (Config.GateSocket, see gate.go), the drop of traffic of
 // local pod addresses without verdicts.
 type guarded struct {
-	ctSock    *nftnl.Raw
-	anyMarked bool // the last pass left some entry with the deny bit
-	gate      *gateState
+	flows *flowJudge
+	gate  *gateState
 }
 
 // compileState is the state the compiler gets: the source's, with the gate's pods.
@@ -36,30 +34,26 @@ func (a *Agent) unchangedSync() {
 }
 
 // afterSync runs once the backend holds rs, compiled from st: the guard learns which local
-// pods have verdicts now, the gate answers the pods that waited for theirs, then established
-// flows are re-judged (after the answers: a new pod has no flows to judge, and its start
+// pods have verdicts now, and the gate answers the pods that waited for theirs. It reports
+// whether some verdict may have gone from allow to deny, for the flow judge, which re-judges
+// established flows after the loop moves on (a new pod has no flows to judge, and its start
 // should not wait for a conntrack walk). A failure fails the sync, so it is retried whole.
-func (a *Agent) afterSync(ctx context.Context, st *cluster.State, rs *policy.Ruleset, res dataplane.SyncResult) error {
+func (a *Agent) afterSync(ctx context.Context, st *cluster.State, rs *policy.Ruleset, res dataplane.SyncResult) (narrowed bool, err error) {
 	if a.cfg.Guard == nil {
-		return nil
+		return false, nil
 	}
 	d := guard.Desired{DenyMark: a.cfg.DenyMark}
 	if a.gate != nil {
 		d.PodCIDRs, d.Known = a.gate.guardInputs(st, a.cfg.NodeName, a.log)
 	}
 	if err := a.cfg.Guard.Sync(ctx, d); err != nil {
-		return err
+		return false, err
 	}
 	if a.gate != nil {
 		a.gate.installed(true, d.Known, rs)
 	}
 	if res.Operations == 0 && !res.Full {
-		return nil // the rules did not change, nor did any verdict
+		return false, nil // the rules did not change, nor did any verdict
 	}
-	if !res.Full && !a.anyMarked && !rs.Narrows(a.applied.Load()) {
-		// No flow is flagged, and no verdict went from allow to deny: the walk over every
-		// conntrack entry would find nothing to change.
-		return nil
-	}
-	return a.establishedPass(rs)
+	return res.Full || rs.Narrows(a.applied.Load()), nil
 }

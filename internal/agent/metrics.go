@@ -27,6 +27,8 @@ type metrics struct {
 	// in the kernel come from (see Status).
 	appliedGeneration *prometheus.GaugeVec
 	policiesSkipped   prometheus.Gauge
+	// establishedErrors counts failed passes of the flow judge (see flowJudge).
+	establishedErrors prometheus.Counter
 	// droppedPackets and dropLogLost are registered only with drop logging on.
 	droppedPackets *prometheus.CounterVec
 	dropLogLost    prometheus.Counter
@@ -85,14 +87,18 @@ func newMetrics() *metrics {
 		}),
 		appliedGeneration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "netwarden_applied_generation",
-			Help: "Generation of the cluster state snapshot whose rules the kernel holds, by feature (also on /status with the source revision).",
+			Help: "Generation of the cluster state snapshot whose rules the kernel holds, by feature (also on /status with the source revision); feature \"established-flows\" is the Generation whose rules established flows were last re-judged by.",
 		}, []string{"feature"}),
+		establishedErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "netwarden_established_pass_errors_total",
+			Help: "Passes over the conntrack table to re-judge established flows that failed; they are retried.",
+		}),
 		policiesSkipped: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "netwarden_policies_skipped",
 			Help: "NetworkPolicies the backend cannot express, applied fail-closed: their pods stay isolated, their rules admit nothing. The log names each.",
 		}),
 	}
-	m.registry.MustRegister(m.appliedGeneration, m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
+	m.registry.MustRegister(m.appliedGeneration, m.establishedErrors, m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
 		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied, m.clusterPolicies, m.policiesSkipped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.droppedPackets = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -33,6 +33,14 @@ type FeatureStatus struct {
 	// AppliedAt is when the kernel transaction of Generation succeeded (or found the kernel
 	// already matching).
 	AppliedAt time.Time `json:"appliedAt,omitzero"`
+	// EstablishedGeneration (NetworkPolicy) is the Generation whose rules established flows
+	// were last re-judged by: every established flow those rules deny is stopped. It follows
+	// Generation shortly after a change that may deny flows (the pass walks the conntrack table
+	// beside the sync loop), at once after any other; EstablishedError is why the last pass
+	// failed (it is retried). Where established flows are not re-judged (no conntrack guard,
+	// or --keep-established), it follows Generation at once.
+	EstablishedGeneration uint64 `json:"establishedGeneration,omitempty"`
+	EstablishedError      string `json:"establishedError,omitempty"`
 	// Config (masquerade) is the hex SHA-256 of the config file content the rules follow;
 	// ConfigRead that of the bytes last read, valid or not, and ConfigError why they were
 	// not taken. Empty when no file is configured.

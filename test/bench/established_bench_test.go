@@ -18,9 +18,9 @@ const establishedRounds = 10
 
 // BenchmarkDeniedFlowStops measures how long an established TCP stream and UDP flow (a
 // message every 2 ms, each echoed) go on after a policy that denies them is written: from the
-// write to the last echo, p50 and max over the rounds, per backend. The agent's own time from
-// the write to its status reporting the policy applied (which includes cutting the flows) is
-// reported beside it.
+// write to the last echo, p50 and max over the rounds, per backend. Beside it, from the write:
+// the agent's status reporting the policy's rules applied ("applied": new connections are judged
+// by them), and established flows re-judged by them ("established": the denied flows flagged).
 func BenchmarkDeniedFlowStops(b *testing.B) {
 	requireRoot(b)
 	for _, backend := range []string{"nftables", "iptables"} {
@@ -61,9 +61,9 @@ func BenchmarkDeniedFlowStops(b *testing.B) {
 			if err := sim.WaitApplied(30 * time.Second); err != nil {
 				b.Fatal(err)
 			}
-			var tcpCut, udpCut, applied []time.Duration
+			var tcpCut, udpCut, applied, established []time.Duration
 			for b.Loop() {
-				tcpCut, udpCut, applied = nil, nil, nil
+				tcpCut, udpCut, applied, established = nil, nil, nil, nil
 				for range establishedRounds {
 					tcp, udp, err := testbed.OpenFlows(bad, netip.AddrPortFrom(srv.IPv4, 7000))
 					if err != nil {
@@ -82,6 +82,10 @@ func BenchmarkDeniedFlowStops(b *testing.B) {
 						b.Fatal(err)
 					}
 					applied = append(applied, time.Since(start))
+					if err := sim.WaitEstablished(30 * time.Second); err != nil {
+						b.Fatal(err)
+					}
+					established = append(established, time.Since(start))
 					// Quiet for 300 ms (150 messages) means stopped.
 					for time.Since(tcp.LastEcho()) < 300*time.Millisecond || time.Since(udp.LastEcho()) < 300*time.Millisecond {
 						if time.Since(start) > 10*time.Second {
@@ -106,6 +110,7 @@ func BenchmarkDeniedFlowStops(b *testing.B) {
 			report(tcpCut, "tcp-cut")
 			report(udpCut, "udp-cut")
 			report(applied, "applied")
+			report(established, "established")
 		})
 	}
 }

@@ -14,7 +14,7 @@ const streamPort = 7000
 // TestEstablishedFlowsCut opens a TCP stream and a UDP flow from an allowed and from a denied
 // client to a server, then applies a policy that admits only the allowed client, while all
 // four flows carry a numbered message every 2 ms, each echoed back. No message the denied
-// client writes after the agent reports the policy applied is echoed; the allowed client's
+// client writes after the agent reports established flows judged by the policy is echoed; the allowed client's
 // flows go on with every message echoed in order. Twenty rounds per backend, each with new flows (and
 // the policy removed in between, which must let new flows through again), so a race with
 // conntrack pickup would show. Then --keep-established keeps the denied flows going.
@@ -58,13 +58,16 @@ func TestEstablishedFlowsCut(t *testing.T) {
 					t.Fatalf("round %d, before the policy: %v", i, err)
 				}
 			}
-			if err := w.sim.Apply(append(base, deny)...); err != nil {
+			if err := w.sim.SetState(append(base, deny)...); err != nil {
 				t.Fatal(err)
 			}
-			// The agent reports a change applied only after it flagged the established flows
-			// it now denies, so no message written from now on may come back on a denied
-			// flow, however late the test reads it. The allowed flows must echo such messages,
-			// each one, in order.
+			if err := w.sim.WaitEstablished(15 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			// The agent reports established flows judged by a change's rules only after it
+			// flagged the ones they deny, so no message written from now on may come back on a
+			// denied flow, however late the test reads it. The allowed flows must echo such
+			// messages, each one, in order.
 			goodSent, badSent := []int64{good[0].Sent(), good[1].Sent()}, []int64{bad[0].Sent(), bad[1].Sent()}
 			for k, f := range good {
 				if err := f.WaitEchoes(goodSent[k]+25, 10*time.Second); err != nil {

@@ -430,6 +430,22 @@ func (s *Sim) WaitApplied(timeout time.Duration) error {
 	return s.WaitStatus(timeout, "the files written", s.Applied)
 }
 
+// WaitEstablished waits until the agent has applied the files written and re-judged established
+// flows by their rules (see agent.FeatureStatus.EstablishedGeneration): a flow they deny is
+// stopped from then on.
+func (s *Sim) WaitEstablished(timeout time.Duration) error {
+	return s.WaitStatus(timeout, "the files written, established flows included", s.Settled)
+}
+
+// Settled reports whether st covers the files written, established flows included.
+func (s *Sim) Settled(st agent.Status) bool {
+	if !s.Applied(st) {
+		return false
+	}
+	p := st.NetworkPolicy
+	return p == nil || p.EstablishedGeneration >= p.Generation
+}
+
 // WaitResource waits until the agent (from the API source) has applied the write of resource
 // at resourceVersion rv.
 func (s *Sim) WaitResource(timeout time.Duration, resource string, rv uint64) error {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -72,10 +73,30 @@ func deleteNamedNetNS(name string) error { return RemoveNetNSMount(filepath.Join
 // exits. Missing files are not an error.
 func RemoveNetNSMount(p string) error {
 	var errs []error
-	if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
+	// The file may carry the namespace more than once: a mount made while another test's
+	// process copied the mount table (unshare, ip netns exec) can come back through shared
+	// propagation stacked on the first. Each unmount takes one off, until none is left.
+	for range 8 {
+		err := unix.Unmount(p, unix.MNT_DETACH)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
+		}
+		break
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+	// A mount propagated into this namespace a moment after the last unmount makes the file
+	// busy again: take it off and try once more, a few times.
+	var err error
+	for range 5 {
+		if err = os.Remove(p); err == nil || errors.Is(err, os.ErrNotExist) || !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		_ = unix.Unmount(p, unix.MNT_DETACH)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
 	}
 	return errors.Join(errs...)
