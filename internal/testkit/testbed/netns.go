@@ -72,34 +72,30 @@ func deleteNamedNetNS(name string) error { return RemoveNetNSMount(filepath.Join
 // a copy of the mount, and a lazy one lets the namespace go once that process
 // exits. Missing files are not an error.
 func RemoveNetNSMount(p string) error {
-	var errs []error
-	// The file may carry the namespace more than once: a mount made while another test's
-	// process copied the mount table (unshare, ip netns exec) can come back through shared
-	// propagation stacked on the first. Each unmount takes one off, until none is left.
-	for range 8 {
-		err := unix.Unmount(p, unix.MNT_DETACH)
-		if err == nil {
-			continue
-		}
-		if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
-		}
-		break
-	}
-	// A mount propagated into this namespace a moment after the last unmount makes the file
-	// busy again: take it off and try once more, a few times.
-	var err error
-	for range 5 {
-		if err = os.Remove(p); err == nil || errors.Is(err, os.ErrNotExist) || !errors.Is(err, unix.EBUSY) {
+	// The file may carry the namespace more than once (a mount made while another test's
+	// process copied the mount table can come back through shared propagation stacked on the
+	// first), or get one again a moment after: each unmount takes one off, and a remove that
+	// finds the file busy starts over.
+	for attempt := 1; ; attempt++ {
+		for {
+			err := unix.Unmount(p, unix.MNT_DETACH)
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("unmount %s: %w", p, err)
+			}
 			break
 		}
-		_ = unix.Unmount(p, unix.MNT_DETACH)
+		err := os.Remove(p)
+		switch {
+		case err == nil || errors.Is(err, os.ErrNotExist):
+			return nil
+		case !errors.Is(err, unix.EBUSY) || attempt == 5:
+			return fmt.Errorf("remove %s: %w", p, err)
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
-	}
-	return errors.Join(errs...)
 }
 
 // inNetNS runs fn on the calling goroutine with its OS thread switched into
