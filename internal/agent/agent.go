@@ -297,6 +297,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.cfg.Policy == nil {
 		a.ready.Store(true)
+		a.status.touch()
 		a.logReady()
 	} else {
 		go a.flows.run(ctx)

@@ -34,7 +34,7 @@ func TestFlowJudgeCoversEachGeneration(t *testing.T) {
 	go j.run(ctx)
 
 	gen := func() (uint64, string) {
-		p, _ := a.status.get()
+		p, _, _ := a.status.get()
 		return p.EstablishedGeneration, p.EstablishedError
 	}
 	waitGen := func(want uint64) {
@@ -149,7 +149,7 @@ func TestFlowJudgeDisabled(t *testing.T) {
 	a.flows = newFlowJudge(a)
 	a.flows.judge = func(*policy.Ruleset) (bool, error) { t.Fatal("judged"); return false, nil }
 	a.flows.submit(&policy.Ruleset{}, 7, true, true)
-	if p, _ := a.status.get(); p.EstablishedGeneration != 7 {
+	if p, _, _ := a.status.get(); p.EstablishedGeneration != 7 {
 		t.Fatalf("established generation %d, want 7", p.EstablishedGeneration)
 	}
 }

@@ -104,6 +104,7 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 					// gone too, as the "ready" log line always said.
 					l.a.retire(l.feature, l.retireOthers, ctx)
 					l.ready.Store(true)
+					l.a.status.touch()
 					l.a.logReady()
 				}
 				if l.compactor != nil && l.compactor.CompactionPending() {

@@ -41,22 +41,27 @@ func ParseResourceVersion(rv string) uint64 {
 }
 
 // Only returns the part of r about the named files and resources, for a caller that asks about
-// a few of thousands.
+// a few of thousands. Each list trims its own half: a nil one keeps all of that half.
 func (r Revision) Only(files, resources []string) Revision {
-	var out Revision
-	found := map[string]string{}
-	for _, f := range files {
-		if h, ok := r.Files.Get(f); ok {
-			found[f] = h
+	out := r
+	if files != nil {
+		found := map[string]string{}
+		for _, f := range files {
+			if h, ok := r.Files.Get(f); ok {
+				found[f] = h
+			}
 		}
+		out.Files = FileHashesOf(found)
 	}
-	out.Files = FileHashesOf(found)
-	for _, res := range resources {
-		if out.ResourceVersions == nil {
-			out.ResourceVersions = map[string]uint64{}
-		}
-		if v, ok := r.ResourceVersions[res]; ok {
-			out.ResourceVersions[res] = v
+	if resources != nil {
+		out.ResourceVersions = nil
+		for _, res := range resources {
+			if out.ResourceVersions == nil {
+				out.ResourceVersions = map[string]uint64{}
+			}
+			if v, ok := r.ResourceVersions[res]; ok {
+				out.ResourceVersions[res] = v
+			}
 		}
 	}
 	return out

@@ -71,6 +71,8 @@ type Compiler struct {
 	// np is the NetworkPolicy part of the previous result, which a compile whose only
 	// changes are to ClusterNetworkPolicies takes over instead of recomputing.
 	np *networkPolicyPart
+	// merged is the union of nsParts, which np's maps come from.
+	merged *npMerge
 }
 
 // networkPolicyPart is what the NetworkPolicies of a snapshot contribute to a Ruleset. Its
@@ -221,46 +223,150 @@ func (cc *Compiler) compileNetworkPolicies(prev *Ruleset) *networkPolicyPart {
 		rs.Dispatch[Ingress] = make(map[netip.Addr]string, len(l.Dispatch[Ingress]))
 		rs.Dispatch[Egress] = make(map[netip.Addr]string, len(l.Dispatch[Egress]))
 		rs.Groups = make(map[string]Group, len(l.Groups))
-		rs.Policies = make(map[string]*PolicyRules, len(l.Policies))
 	}
 	localByNS := map[string][]*podInfo{}
 	for _, pi := range cc.local {
 		localByNS[pi.pod.Namespace] = append(localByNS[pi.pod.Namespace], pi)
 	}
 	parts := make(map[string]*nsPart, len(localByNS))
+	var changed []string // namespaces whose part is new, recomputed or gone
 	for ns, local := range localByNS {
 		part := cc.nsParts[ns]
 		if part == nil || cc.allNSDirty || cc.nsDirty[ns] {
 			part = cc.compileNamespacePolicies(ns, local, part)
+			changed = append(changed, ns)
 		}
 		parts[ns] = part
 	}
+	for ns := range cc.nsParts {
+		if parts[ns] == nil {
+			changed = append(changed, ns)
+		}
+	}
+	prevParts := cc.nsParts
 	cc.nsParts = parts
 	clear(cc.nsDirty)
 	cc.allNSDirty = false
 
+	// A few namespaces changed: the union is updated by their difference, which costs what
+	// they hold rather than what every namespace with local pods holds.
+	if m := cc.merged; m != nil && 4*len(changed) <= len(parts) {
+		m.policies, m.addrDefs, m.namedDefs, m.cidrSets = maps.Clone(m.policies), maps.Clone(m.addrDefs), maps.Clone(m.namedDefs), maps.Clone(m.cidrSets)
+		for _, ns := range changed {
+			if old := prevParts[ns]; old != nil {
+				m.remove(old)
+			}
+		}
+		for _, ns := range changed {
+			if part := parts[ns]; part != nil {
+				m.add(part)
+			}
+		}
+	} else {
+		cc.merged = newNPMerge(prev, len(cc.local))
+		for _, part := range parts {
+			cc.merged.add(part)
+		}
+	}
+	m := cc.merged
+	rs.Policies, rs.CIDRSets = m.policies, m.cidrSets
 	np := &networkPolicyPart{dispatch: rs.Dispatch, groups: rs.Groups, policies: rs.Policies, cidrSets: rs.CIDRSets, localPods: len(cc.local),
-		addrDefs: make(map[string]addrSetDef, len(cc.addrSets)), namedDefs: make(map[string]namedSetDef, len(cc.namedSets))}
-	selecting := map[Direction]map[string][]string{Ingress: make(map[string][]string, len(cc.local)), Egress: make(map[string][]string, len(cc.local))}
+		addrDefs: m.addrDefs, namedDefs: m.namedDefs}
 	for _, part := range parts {
 		np.selecting += len(part.compiled)
 		np.isolated += part.isolated
-		maps.Copy(rs.Policies, part.chains)
-		for dir, byPod := range part.selecting {
-			maps.Copy(selecting[dir], byPod)
-		}
-		for _, cp := range part.compiled {
-			maps.Copy(np.addrDefs, cp.addrSets)
-			maps.Copy(np.namedDefs, cp.namedSets)
-			maps.Copy(rs.CIDRSets, cp.cidrSets)
-		}
 	}
-	for dir, byPod := range selecting {
-		cc.dispatch(cc.groupNamer("np", dir), rs.Dispatch[dir], rs.Groups, dir, byPod, func(chains []string) string {
+	for _, dir := range []Direction{Ingress, Egress} {
+		cc.dispatch(cc.groupNamer("np", dir), rs.Dispatch[dir], rs.Groups, dir, m.selecting[dir], func(chains []string) string {
 			return groupName(dir, chains)
 		})
 	}
 	return np
+}
+
+// npMerge is the union of the nsParts of a compile, kept for the next one. Its maps of
+// policies and sets go into Rulesets, which nothing changes after Compile: an update writes
+// copies of them. The reference counts (compiled policies using each set) and selecting (local
+// pod key -> the chains judging it) are the compiler's own.
+type npMerge struct {
+	policies                      map[string]*PolicyRules
+	addrDefs                      map[string]addrSetDef
+	namedDefs                     map[string]namedSetDef
+	cidrSets                      map[string]*CIDRSet
+	addrRefs, namedRefs, cidrRefs map[string]int
+	selecting                     map[Direction]map[string][]string
+}
+
+// newNPMerge returns an empty union, sized like the previous result (prev, nil if none) and
+// the node's local pods.
+func newNPMerge(prev *Ruleset, localPods int) *npMerge {
+	m := &npMerge{policies: map[string]*PolicyRules{}, addrDefs: map[string]addrSetDef{}, namedDefs: map[string]namedSetDef{},
+		cidrSets: map[string]*CIDRSet{}, addrRefs: map[string]int{}, namedRefs: map[string]int{}, cidrRefs: map[string]int{},
+		selecting: map[Direction]map[string][]string{Ingress: make(map[string][]string, localPods), Egress: make(map[string][]string, localPods)}}
+	if prev != nil {
+		// Allocated once at the size they will have instead of grown: most of a full
+		// merge's garbage otherwise.
+		m.policies = make(map[string]*PolicyRules, len(prev.Policies))
+		m.addrDefs, m.addrRefs = make(map[string]addrSetDef, len(prev.AddrSets)), make(map[string]int, len(prev.AddrSets))
+		m.cidrSets, m.cidrRefs = make(map[string]*CIDRSet, len(prev.CIDRSets)), make(map[string]int, len(prev.CIDRSets))
+	}
+	return m
+}
+
+// add puts what part contributes into the union. Sets are named by their content, so every
+// contribution of a name is the same set.
+func (m *npMerge) add(part *nsPart) {
+	maps.Copy(m.policies, part.chains)
+	for dir, byPod := range part.selecting {
+		maps.Copy(m.selecting[dir], byPod)
+	}
+	for _, cp := range part.compiled {
+		for name, d := range cp.addrSets {
+			m.addrDefs[name] = d
+			m.addrRefs[name]++
+		}
+		for name, d := range cp.namedSets {
+			m.namedDefs[name] = d
+			m.namedRefs[name]++
+		}
+		for name, s := range cp.cidrSets {
+			m.cidrSets[name] = s
+			m.cidrRefs[name]++
+		}
+	}
+}
+
+// remove takes what part contributed out of the union: its chains and pods (no other
+// namespace's part names them) and the sets no other compiled policy uses.
+func (m *npMerge) remove(part *nsPart) {
+	for chain := range part.chains {
+		delete(m.policies, chain)
+	}
+	for dir, byPod := range part.selecting {
+		for pod := range byPod {
+			delete(m.selecting[dir], pod)
+		}
+	}
+	for _, cp := range part.compiled {
+		for name := range cp.addrSets {
+			if m.addrRefs[name]--; m.addrRefs[name] == 0 {
+				delete(m.addrRefs, name)
+				delete(m.addrDefs, name)
+			}
+		}
+		for name := range cp.namedSets {
+			if m.namedRefs[name]--; m.namedRefs[name] == 0 {
+				delete(m.namedRefs, name)
+				delete(m.namedDefs, name)
+			}
+		}
+		for name := range cp.cidrSets {
+			if m.cidrRefs[name]--; m.cidrRefs[name] == 0 {
+				delete(m.cidrRefs, name)
+				delete(m.cidrSets, name)
+			}
+		}
+	}
 }
 
 // nsPart is what the NetworkPolicies of one namespace contribute to the NetworkPolicy part,

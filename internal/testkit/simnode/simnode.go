@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -334,17 +335,27 @@ func (s *Sim) WaitLogged(timeout time.Duration, want ...string) string {
 // endpoints on.
 func (s *Sim) StatusSocket() string { return filepath.Join(s.sockDir, "agent.sock") }
 
-// Status reads the agent's /status, its Revisions limited to the files this Sim wrote.
-func (s *Sim) Status() (agent.Status, error) {
+// Status reads the agent's /status, its Revisions limited to the files this Sim wrote (the
+// hashes of thousands of files it did not write would be megabytes of JSON per read).
+func (s *Sim) Status() (agent.Status, error) { return s.statusChangedFrom(nil, 0, nil) }
+
+// statusChangedFrom reads the agent's /status like Status, its Revisions' resourceVersions
+// limited to resources. With seen, the status the caller read last, the agent answers once its
+// status has changed from that one, or after wait.
+func (s *Sim) statusChangedFrom(seen *agent.Status, wait time.Duration, resources []string) (agent.Status, error) {
 	s.mu.Lock()
-	var files []string
+	files := []string{""} // no file has this name: none, when the Sim wrote none
 	for f := range s.wrote {
 		files = append(files, f)
 	}
 	addr := s.healthAddr
 	s.mu.Unlock()
+	q := statusQuery(files, resources, seen, wait)
 	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
-		return ReadStatus(path, files, nil)
+		return readStatus(func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}, q, wait)
 	}
 	return readStatus(func(ctx context.Context) (net.Conn, error) {
 		var conn net.Conn
@@ -355,7 +366,7 @@ func (s *Sim) Status() (agent.Status, error) {
 			return err
 		})
 		return conn, err
-	}, files, nil)
+	}, q, wait)
 }
 
 // ReadStatus reads /status from the agent serving on the unix socket sock, its Revisions
@@ -364,16 +375,26 @@ func ReadStatus(sock string, files, resources []string) (agent.Status, error) {
 	return readStatus(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
-	}, files, resources)
+	}, statusQuery(files, resources, nil, 0), 0)
 }
 
-func readStatus(dial func(context.Context) (net.Conn, error), files, resources []string) (agent.Status, error) {
+// statusQuery is the query of a /status read: the Revision entries wanted and, with seen, a
+// long poll for a change from it.
+func statusQuery(files, resources []string, seen *agent.Status, wait time.Duration) url.Values {
+	q := url.Values{"file": files, "resource": resources}
+	if seen != nil {
+		q.Set("after", strconv.FormatUint(seen.Version, 10))
+		q.Set("wait", wait.String())
+	}
+	return q
+}
+
+func readStatus(dial func(context.Context) (net.Conn, error), q url.Values, wait time.Duration) (agent.Status, error) {
 	var st agent.Status
-	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+	c := http.Client{Timeout: wait + 5*time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
 	}}
 	defer c.CloseIdleConnections()
-	q := url.Values{"file": files, "resource": resources}
 	resp, err := c.Get("http://agent/status?" + q.Encode())
 	if err != nil {
 		return st, err
@@ -449,24 +470,41 @@ func (s *Sim) Settled(st agent.Status) bool {
 // WaitResource waits until the agent (from the API source) has applied the write of resource
 // at resourceVersion rv.
 func (s *Sim) WaitResource(timeout time.Duration, resource string, rv uint64) error {
-	return s.WaitStatus(timeout, fmt.Sprintf("%s at resourceVersion %d", resource, rv), func(st agent.Status) bool {
+	return s.waitStatus(timeout, fmt.Sprintf("%s at resourceVersion %d", resource, rv), []string{resource}, func(st agent.Status) bool {
 		return CoversResource(st, resource, rv)
 	})
 }
 
-// WaitStatus polls the agent's status until done holds. It fails early when the agent exits,
-// and the error shows the last status and the end of the log.
+// WaitStatus reads the agent's status until done holds, each read after the first a long
+// poll answered when the status changes: it sees each change as soon as the agent makes it,
+// without spending the agent's CPU on polls. It fails early when the agent exits, and the
+// error shows the last status and the end of the log.
 func (s *Sim) WaitStatus(timeout time.Duration, what string, done func(agent.Status) bool) error {
-	start := time.Now()
-	deadline := start.Add(timeout)
+	return s.waitStatus(timeout, what, nil, done)
+}
+
+// waitStatus is WaitStatus reading the resourceVersions of resources too.
+func (s *Sim) waitStatus(timeout time.Duration, what string, resources []string, done func(agent.Status) bool) error {
+	deadline := time.Now().Add(timeout)
 	var last agent.Status
+	var seen *agent.Status // the last status read, to wait for a change from
 	var lastErr error
 	for {
-		st, err := s.Status()
+		var st agent.Status
+		var err error
+		if seen == nil {
+			st, err = s.statusChangedFrom(nil, 0, resources)
+		} else {
+			// Short enough to notice an exited agent or the deadline soon.
+			st, err = s.statusChangedFrom(seen, min(time.Second, max(time.Until(deadline), 0)), resources)
+		}
 		if err == nil && done(st) {
 			return nil
 		}
 		last, lastErr = st, err
+		if err == nil {
+			seen = &last
+		}
 		s.mu.Lock()
 		exited := s.exited
 		running := s.agent != nil
@@ -483,11 +521,9 @@ func (s *Sim) WaitStatus(timeout time.Duration, what string, done func(agent.Sta
 			b, _ := json.MarshalIndent(last, "", "  ")
 			return fmt.Errorf("agent did not apply %s within %s (last status error %v):\n%s\nlog:\n%s", what, timeout, lastErr, b, tailLines(s.Log(), 40))
 		}
-		// A poll interval, not a guess at sync time: fine at first, so that latency
-		// benchmarks are not rounded up, then coarser, to leave the agent the CPU.
-		if time.Since(start) < 100*time.Millisecond {
-			time.Sleep(250 * time.Microsecond)
-		} else {
+		if err != nil {
+			// Not serving yet (starting), or gone: a poll interval, not a guess at sync time.
+			seen = nil
 			time.Sleep(5 * time.Millisecond)
 		}
 	}

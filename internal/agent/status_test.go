@@ -1,0 +1,125 @@
+package agent
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// getStatus answers GET /status?query from a's handler in a goroutine, delivering the decoded
+// status (or the HTTP error's status code and body) on the channel.
+func getStatus(a *Agent, query string) <-chan statusAnswer {
+	out := make(chan statusAnswer, 1)
+	go func() {
+		rec := httptest.NewRecorder()
+		a.serveStatus(rec, httptest.NewRequest(http.MethodGet, "/status?"+query, nil))
+		ans := statusAnswer{code: rec.Code}
+		body, _ := io.ReadAll(rec.Body)
+		ans.body = string(body)
+		if rec.Code == http.StatusOK {
+			ans.err = json.Unmarshal(body, &ans.st)
+		}
+		out <- ans
+	}()
+	return out
+}
+
+type statusAnswer struct {
+	code int
+	body string
+	st   Status
+	err  error
+}
+
+// TestStatusLongPoll checks that GET /status?after=V&wait=D answers at the next change of the
+// status from version V, at once when it is not at V, and when D runs out otherwise.
+func TestStatusLongPoll(t *testing.T) {
+	a := New(Config{NodeName: "n"})
+	a.status.policy = &FeatureStatus{Backend: "test"}
+	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Generation = 1 })
+	first := <-getStatus(a, "")
+	if first.code != http.StatusOK || first.err != nil || first.st.Version == 0 || first.st.NetworkPolicy.Generation != 1 {
+		t.Fatalf("plain read: %d %v %+v", first.code, first.err, first.st)
+	}
+	v := first.st.Version
+
+	// Held until the status changes.
+	held := getStatus(a, "after="+itoa(v)+"&wait=1m")
+	select {
+	case ans := <-held:
+		t.Fatalf("answered before any change: %+v", ans)
+	case <-time.After(200 * time.Millisecond):
+	}
+	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Generation = 2 })
+	select {
+	case ans := <-held:
+		if ans.code != http.StatusOK || ans.st.Version == v || ans.st.NetworkPolicy.Generation != 2 {
+			t.Fatalf("after the change: %d %+v", ans.code, ans.st)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("not answered after the status changed")
+	}
+
+	// A version the status is no longer at (or never was, from an earlier process): at once.
+	for _, after := range []uint64{v, v + 1000} {
+		select {
+		case ans := <-getStatus(a, "after="+itoa(after)+"&wait=1m"):
+			if ans.code != http.StatusOK || ans.st.NetworkPolicy.Generation != 2 {
+				t.Fatalf("after=%d: %d %+v", after, ans.code, ans.st)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("after=%d, which the status is not at: not answered at once", after)
+		}
+	}
+
+	// Readiness is part of the status too.
+	cur := (<-getStatus(a, "")).st
+	held = getStatus(a, "after="+itoa(cur.Version)+"&wait=1m")
+	a.ready.Store(true)
+	a.status.touch()
+	if ans := <-held; !ans.st.Ready {
+		t.Fatalf("answered without readiness: %+v", ans.st)
+	}
+
+	// No change: answered when wait runs out, with the status as it is.
+	cur = (<-getStatus(a, "")).st
+	start := time.Now()
+	ans := <-getStatus(a, "after="+itoa(cur.Version)+"&wait=100ms")
+	if ans.code != http.StatusOK || ans.st.Version != cur.Version || time.Since(start) < 100*time.Millisecond {
+		t.Fatalf("wait ran out: %d %+v after %v", ans.code, ans.st, time.Since(start))
+	}
+}
+
+// TestStatusLongPollBadQuery checks that a malformed after or wait is refused with a message
+// naming the parameter, instead of being answered as a plain read.
+func TestStatusLongPollBadQuery(t *testing.T) {
+	a := New(Config{NodeName: "n"})
+	for query, want := range map[string]string{
+		"after=1":              "wait=",
+		"wait=1s":              "after=",
+		"after=x&wait=1s":      `after="x"`,
+		"after=-1&wait=1s":     `after="-1"`,
+		"after=1&wait=soon":    `wait="soon"`,
+		"after=1&wait=-1s":     `wait="-1s"`,
+		"after=1&wait=10m":     `wait="10m"`,
+		"after=1&wait=1s&x=1&": "", // other parameters are ignored
+	} {
+		ans := <-getStatus(a, query)
+		if want == "" {
+			if ans.code != http.StatusOK {
+				t.Errorf("%s: %d %s", query, ans.code, ans.body)
+			}
+			continue
+		}
+		if ans.code != http.StatusBadRequest || !strings.Contains(ans.body, want) {
+			t.Errorf("%s: %d %q, want 400 naming %s", query, ans.code, ans.body, want)
+		}
+	}
+}
+
+func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
