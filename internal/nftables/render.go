@@ -23,7 +23,6 @@ package nftables
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -132,6 +131,9 @@ var ndTypes = "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-so
 // pointer, which lets diff skip them without comparing elements.
 type Renderer struct {
 	prev, cur renderCache
+	// names holds what is derived from each chain name of the model (see chainNames), kept
+	// between renders: most names stay, and building them again is most of a render's garbage.
+	names map[string]*chainNames
 	// log, when set, adds a rate-limited NFLOG statement before every drop the policies make.
 	log *dataplane.DropLog
 	// counters adds a counter to every rule that ends a policy's judgement (see PolicyCounters).
@@ -165,7 +167,7 @@ type renderedGroup struct {
 
 // dispatchElements returns the elements of one family's dispatch map (pod address -> jump to
 // its group's chain of that family), and notes in fams which families each group needs.
-func dispatchElements(dispatch map[netip.Addr]string, v6 bool, fams map[string][2]bool) map[string]string {
+func (rd *Renderer) dispatchElements(dispatch map[netip.Addr]string, v6 bool, fams map[string][2]bool) map[string]string {
 	elems := map[string]string{}
 	fam := 0
 	if v6 {
@@ -173,7 +175,7 @@ func dispatchElements(dispatch map[netip.Addr]string, v6 bool, fams map[string][
 	}
 	for ip, grp := range dispatch {
 		if ip.Is6() == v6 {
-			elems[ip.String()] = "jump " + familyChain(grp, v6)
+			elems[ip.String()] = "jump " + rd.familyChain(grp, v6)
 			f := fams[grp]
 			f[fam] = true
 			fams[grp] = f
@@ -187,31 +189,103 @@ func dispatchElements(dispatch map[netip.Addr]string, v6 bool, fams map[string][
 // (already in r) that hold rules of its family, then ends in final. Neither an unused family's
 // chain nor a jump to an empty chain judges a packet, but a change that rewrites every group
 // (a policy selecting all pods) would rewrite them: in a single-stack cluster, half its work.
-func renderGroup(r *Rendered, prev renderedGroup, name string, policies []string, fams [2]bool, final []ruleSpec) renderedGroup {
+func (rd *Renderer) renderGroup(r *Rendered, prev renderedGroup, name string, policies []string, fams [2]bool, final []ruleSpec) renderedGroup {
 	var rg renderedGroup
 	for fam, v6 := range []bool{false, true} {
 		if !fams[fam] {
 			continue
 		}
-		jumps := make([]string, 0, len(policies))
+		// The jumps are compared with prev's as they are found: an unchanged group, most of
+		// them, allocates nothing.
+		same, n := prev.chains[fam] != nil, 0
 		for _, p := range policies {
-			if c := r.Chains[familyChain(p, v6)]; c != nil && len(c.rules) > 0 {
-				jumps = append(jumps, familyChain(p, v6))
+			if fc := rd.familyChain(p, v6); rd.hasRules(r, fc) {
+				same = same && n < len(prev.jumps[fam]) && prev.jumps[fam][n] == fc
+				n++
 			}
 		}
-		rg.jumps[fam] = jumps
-		if prev.chains[fam] != nil && slices.Equal(prev.jumps[fam], jumps) {
-			rg.chains[fam] = prev.chains[fam]
+		if same && n == len(prev.jumps[fam]) {
+			rg.jumps[fam], rg.chains[fam] = prev.jumps[fam], prev.chains[fam]
 		} else {
+			jumps := make([]string, 0, n)
+			for _, p := range policies {
+				if fc := rd.familyChain(p, v6); rd.hasRules(r, fc) {
+					jumps = append(jumps, fc)
+				}
+			}
 			specs := make([]ruleSpec, 0, len(jumps)+len(final))
 			for _, j := range jumps {
 				specs = append(specs, ruleSpec{jump: j})
 			}
-			rg.chains[fam] = specChain(append(specs, final...))
+			rg.jumps[fam], rg.chains[fam] = jumps, specChain(append(specs, final...))
 		}
-		r.Chains[familyChain(name, v6)] = rg.chains[fam]
+		r.Chains[rd.familyChain(name, v6)] = rg.chains[fam]
 	}
 	return rg
+}
+
+func (rd *Renderer) hasRules(r *Rendered, chain string) bool {
+	c := r.Chains[chain]
+	return c != nil && len(c.rules) > 0
+}
+
+// chainNames is what the renderer derives from one chain name of the model.
+type chainNames struct {
+	family  [2]string // the chain of each family (see familyChain)
+	checked bool      // err holds checkPolicy's answer
+	err     error
+}
+
+func (rd *Renderer) namesOf(name string) *chainNames {
+	n := rd.names[name]
+	if n == nil {
+		if rd.names == nil {
+			rd.names = map[string]*chainNames{}
+		}
+		n = &chainNames{family: [2]string{familyChain(name, false), familyChain(name, true)}}
+		rd.names[name] = n
+	}
+	return n
+}
+
+// familyChain is familyChain, built once per name.
+func (rd *Renderer) familyChain(name string, v6 bool) string {
+	if v6 {
+		return rd.namesOf(name).family[1]
+	}
+	return rd.namesOf(name).family[0]
+}
+
+// checkPolicy is checkPolicy, answered once per name (its answer depends on nothing else).
+func (rd *Renderer) checkPolicy(chain string, pr *policy.PolicyRules) error {
+	n := rd.namesOf(chain)
+	if !n.checked {
+		n.checked, n.err = true, checkPolicy(chain, pr)
+	}
+	return n.err
+}
+
+// pruneNames forgets the names of chains gone, once they are most of what is kept.
+func (rd *Renderer) pruneNames(r *Rendered) {
+	if len(rd.names) > 2*len(r.Chains)+1024 {
+		rd.names = nil
+	}
+}
+
+// recycle empties c for reuse: its maps keep their room, so that filling them again neither
+// rehashes nor allocates.
+func (c renderCache) recycle() renderCache {
+	if c.groups == nil {
+		return renderCache{}
+	}
+	clear(c.groups)
+	clear(c.addrSets)
+	clear(c.namedSets)
+	clear(c.cidrSets)
+	clear(c.policies)
+	clear(c.tierGroups)
+	clear(c.clusterPolicies)
+	return c
 }
 
 // newRenderCache returns an empty cache sized like prev, so that filling it does not rehash.
@@ -233,8 +307,13 @@ func Render(rs *policy.Ruleset) *Rendered { return (&Renderer{}).Render(rs) }
 
 // Render turns a Ruleset into table content.
 func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
-	rd.prev, rd.cur = rd.cur, newRenderCache(rd.cur)
-	rs, skipped := policy.FailClosed(rs, checkPolicy)
+	// The cache of the render before the last is reused: nothing reads it any more.
+	next := rd.prev.recycle()
+	if next.groups == nil {
+		next = newRenderCache(rd.cur)
+	}
+	rd.prev, rd.cur = rd.cur, next
+	rs, skipped := policy.FailClosed(rs, rd.checkPolicy)
 	r := &Rendered{
 		Skipped: skipped,
 		Sets:    make(map[string]*set, 4+2*len(rs.AddrSets)+len(rs.CIDRSets)+2*len(rs.NamedPortSets)),
@@ -248,7 +327,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 			if v6 {
 				typ = "ipv6_addr : verdict"
 			}
-			elems := dispatchElements(rs.Dispatch[dir], v6, groupFams)
+			elems := rd.dispatchElements(rs.Dispatch[dir], v6, groupFams)
 			m := newSet(typ, fmt.Sprintf("local pods isolated for %s -> the group judging them", dir), elems)
 			m.isMap = true
 			r.Sets[dispatchMap(dir, v6)] = m
@@ -273,7 +352,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 			pair = policyChains(p, rd.counters)
 		}
 		rd.cur.policies[p] = pair
-		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = pair[0], pair[1]
+		r.Chains[rd.familyChain(name, false)], r.Chains[rd.familyChain(name, true)] = pair[0], pair[1]
 	}
 	// An isolated pod that no rule admits is dropped at the end of its group, after the
 	// drop is logged (--log-drops) under the group's ID, which is why each group then has an
@@ -284,7 +363,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		if rd.log != nil {
 			final = []ruleSpec{logSpec(rd.log, policy.GroupDropID(name)), isolationDrop[0]}
 		}
-		rd.cur.groups[name] = renderGroup(r, rd.prev.groups[name], name, g.Policies, groupFams[name], final)
+		rd.cur.groups[name] = rd.renderGroup(r, rd.prev.groups[name], name, g.Policies, groupFams[name], final)
 	}
 
 	for name, as := range rs.AddrSets {
@@ -325,6 +404,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		rd.cur.namedSets[ns] = pair
 		r.Sets[name+"-v4"], r.Sets[name+"-v6"] = pair[0], pair[1]
 	}
+	rd.pruneNames(r)
 	return r
 }
 

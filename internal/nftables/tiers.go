@@ -73,7 +73,7 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 			cc = clusterPolicyChains(name, p, rd.log, rd.counters)
 		}
 		rd.cur.clusterPolicies[p] = cc
-		r.Chains[familyChain(name, false)], r.Chains[familyChain(name, true)] = cc.chains[0], cc.chains[1]
+		r.Chains[rd.familyChain(name, false)], r.Chains[rd.familyChain(name, true)] = cc.chains[0], cc.chains[1]
 		for dc, c := range cc.drops {
 			r.Chains[dc] = c
 		}
@@ -87,14 +87,14 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 				if v6 {
 					typ = "ipv6_addr : verdict"
 				}
-				elems := dispatchElements(t.Dispatch[dir], v6, groupFams)
+				elems := rd.dispatchElements(t.Dispatch[dir], v6, groupFams)
 				m := newSet(typ, fmt.Sprintf("local pods subject to %s ClusterNetworkPolicy for %s -> the group judging them", tier, dir), elems)
 				m.isMap = true
 				r.Sets[tierMap(tier, dir, v6)] = m
 			}
 		}
 		for name, g := range t.Groups {
-			rd.cur.tierGroups[name] = renderGroup(r, rd.prev.tierGroups[name], name, g.Policies, groupFams[name], nil)
+			rd.cur.tierGroups[name] = rd.renderGroup(r, rd.prev.tierGroups[name], name, g.Policies, groupFams[name], nil)
 		}
 	}
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
