@@ -268,6 +268,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Policy != nil {
 		a.metrics.backendInfo.WithLabelValues("network-policy", a.cfg.Policy.Name()).Set(1)
 	}
+	if p, ok := a.cfg.Guard.(interface{ Probe() error }); ok {
+		// The guard syncs after the first sync of the rules; what it checks before its first
+		// use, it checks now, beside the load of the cluster state. A failure is its first
+		// Sync's to report.
+		go func() { _ = p.Probe() }()
+	}
 	if a.cfg.DropLog != nil && a.cfg.Policy != nil {
 		// Before the first sync, so that no logged drop goes unread and a group another
 		// process holds stops the agent with a clear error.

@@ -61,11 +61,8 @@ func (f *guardFlags) apply(cfg *agent.Config, backend policy.Backend) error {
 	case *iptables.Backend:
 		cfg.Guard = guard.NewIPTables(&xtables.Runner{Mode: b.Mode()})
 	case *nftables.Backend:
-		g, err := guard.NewNFTables()
-		if err != nil {
-			return err
-		}
-		cfg.Guard = g
+		// Probed at its first use: the backend's own probe has shown that nft works.
+		cfg.Guard = guard.NewNFTables()
 	}
 	return nil
 }
@@ -77,7 +74,7 @@ func cleanupGuards(ctx context.Context, except guard.Guard) error {
 	var errs []error
 	// The guard in use is known by its type before a probe of nft (two runs of it) is paid for.
 	if _, nftInUse := except.(*guard.NFTables); !nftInUse {
-		if g, err := guard.NewNFTables(); err == nil && (except == nil || except.Name() != g.Name()) {
+		if g := guard.NewNFTables(); g.Probe() == nil && (except == nil || except.Name() != g.Name()) {
 			errs = append(errs, g.Cleanup(ctx))
 		}
 	}

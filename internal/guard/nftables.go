@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"sync"
 
 	gnft "github.com/google/nftables"
 	"sigs.k8s.io/knftables"
@@ -17,20 +18,29 @@ const NFTablesTable = "netwarden-guard"
 
 // NFTables is the guard for the nftables backend.
 type NFTables struct {
+	// nft is made at first use (see Probe): knftables checks that nft works by running it
+	// twice, which an `agent --once`, never syncing the guard, would pay for nothing while the
+	// cluster state loads.
+	probe   sync.Once
 	nft     knftables.Interface
+	nftErr  error
 	applied *Desired
 	// conn carries the known sets' changes: a pod's start waits for them, and a netlink
 	// batch costs a fraction of an nft process.
 	conn nftnl.Conn
 }
 
-// NewNFTables connects to nftables in the current network namespace.
-func NewNFTables() (*NFTables, error) {
-	nft, err := knftables.New(knftables.InetFamily, NFTablesTable)
-	if err != nil {
-		return nil, err
+// NewNFTables returns the guard for nftables in the network namespace of its first use.
+func NewNFTables() *NFTables { return &NFTables{} }
+
+// Probe connects to nftables once and reports whether nft works here. Sync and Cleanup probe
+// first; a caller that will sync later probes beforehand, beside other work.
+func (g *NFTables) Probe() error {
+	g.probe.Do(func() { g.nft, g.nftErr = knftables.New(knftables.InetFamily, NFTablesTable) })
+	if g.nftErr != nil {
+		return fmt.Errorf("guard: nftables: %w", g.nftErr)
 	}
-	return &NFTables{nft: nft}, nil
+	return nil
 }
 
 func (g *NFTables) Name() string { return "nftables" }
@@ -64,6 +74,9 @@ func (g *NFTables) Sync(ctx context.Context, d Desired) error {
 		}
 		g.applied = &d
 		return nil
+	}
+	if err := g.Probe(); err != nil {
+		return err
 	}
 	tx := g.nft.NewTransaction()
 	g.writeFull(tx, d)
@@ -156,6 +169,9 @@ func hasFamily(ps []netip.Prefix, v6 bool) bool {
 // Cleanup implements Guard.
 func (g *NFTables) Cleanup(ctx context.Context) error {
 	g.applied = nil
+	if err := g.Probe(); err != nil {
+		return err
+	}
 	tx := g.nft.NewTransaction()
 	tx.Delete(&knftables.Table{})
 	if err := g.nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
