@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -76,8 +75,6 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 		if err := sim.WaitStatus(2*time.Minute, "ready", func(st agent.Status) bool { return st.Ready }); err != nil {
 			b.Fatal(err)
 		}
-		// The first sync's garbage is not the changes' to collect.
-		runtime.GC()
 		for i := 0; i < manifestsChanges; i++ {
 			pod.Labels["app"] = fmt.Sprintf("app-%d", 1+(run*manifestsChanges+i)%9)
 			data, err := yaml.Marshal(pod)
