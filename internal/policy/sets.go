@@ -2,7 +2,10 @@ package policy
 
 import (
 	"net/netip"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -300,20 +303,29 @@ func (cc *Compiler) namedSetMembers(d namedSetDef) map[string][]netip.AddrPort {
 // scratch. It returns how many sets were computed from scratch.
 func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, namedDefs map[string]namedSetDef, changes []podChange, nsChanged bool) int {
 	bulk := len(changes) > len(cc.pods)/4+16
-	nsMatches := map[string][]string{}
-	recomputed := 0
+	var addrJobs []addrSetDef
+	for name, d := range addrDefs {
+		if st := cc.addrSets[name]; st == nil || bulk || (nsChanged && d.nsSel != nil) {
+			addrJobs = append(addrJobs, d)
+		}
+	}
+	var namedJobs []namedSetDef
+	for name, d := range namedDefs {
+		if cc.namedSets[name] == nil || bulk {
+			namedJobs = append(namedJobs, d)
+		}
+	}
+	freshAddr, freshNamed := cc.setMembers(addrJobs, namedJobs)
 
 	addr := make(map[string]*addrSetState, len(addrDefs))
 	for name, d := range addrDefs {
 		st := cc.addrSets[name]
-		switch {
+		switch fresh, ok := freshAddr[name]; {
 		case st == nil:
 			st = &addrSetState{def: d, members: newMembers(netip.Addr.Compare)}
-			st.fill(cc.addrSetMembers(d, nsMatches))
-			recomputed++
-		case bulk || (nsChanged && d.nsSel != nil):
-			st.replaceWith(cc.addrSetMembers(d, nsMatches))
-			recomputed++
+			st.fill(fresh)
+		case ok:
+			st.replaceWith(fresh)
 		default:
 			st.apply(changes, func(pi *podInfo) []netip.Addr {
 				if d.matches(pi, cc.nsLabels) {
@@ -333,14 +345,12 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 	named := make(map[string]*namedSetState, len(namedDefs))
 	for name, d := range namedDefs {
 		st := cc.namedSets[name]
-		switch {
+		switch fresh, ok := freshNamed[name]; {
 		case st == nil:
 			st = &namedSetState{def: d, members: newMembers(netip.AddrPort.Compare)}
-			st.fill(cc.namedSetMembers(d))
-			recomputed++
-		case bulk:
-			st.replaceWith(cc.namedSetMembers(d))
-			recomputed++
+			st.fill(fresh)
+		case ok:
+			st.replaceWith(fresh)
 		default:
 			st.apply(changes, d.entries)
 		}
@@ -357,7 +367,51 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 			delete(cc.cidrSets, name)
 		}
 	}
-	return recomputed
+	return len(addrJobs) + len(namedJobs)
+}
+
+// parallelSets is how many sets to compute from scratch before the work is spread over the
+// CPUs: a full compile (a start, a resync after a namespace change) computes hundreds.
+const parallelSets = 32
+
+// setMembers computes the members of the given sets from scratch, by set name. Computing a set
+// only reads the compiler's indexes of pods and namespaces, which nothing changes meanwhile,
+// so many sets are computed by one worker per CPU, each with its own cache of namespace
+// selector matches.
+func (cc *Compiler) setMembers(addrJobs []addrSetDef, namedJobs []namedSetDef) (map[string]map[string][]netip.Addr, map[string]map[string][]netip.AddrPort) {
+	addr := make([]map[string][]netip.Addr, len(addrJobs))
+	named := make([]map[string][]netip.AddrPort, len(namedJobs))
+	work := func(next func() int) {
+		nsMatches := map[string][]string{}
+		for i := next(); i < len(addrJobs)+len(namedJobs); i = next() {
+			if i < len(addrJobs) {
+				addr[i] = cc.addrSetMembers(addrJobs[i], nsMatches)
+			} else {
+				named[i-len(addrJobs)] = cc.namedSetMembers(namedJobs[i-len(addrJobs)])
+			}
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), (len(addrJobs)+len(namedJobs))/parallelSets+1)
+	if workers <= 1 {
+		i := -1
+		work(func() int { i++; return i })
+	} else {
+		var counter atomic.Int64
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() { work(func() int { return int(counter.Add(1)) - 1 }) })
+		}
+		wg.Wait()
+	}
+	byAddr := make(map[string]map[string][]netip.Addr, len(addrJobs))
+	for i, d := range addrJobs {
+		byAddr[d.name] = addr[i]
+	}
+	byNamed := make(map[string]map[string][]netip.AddrPort, len(namedJobs))
+	for i, d := range namedJobs {
+		byNamed[d.name] = named[i]
+	}
+	return byAddr, byNamed
 }
 
 func cloneOrNil[T any](s []T) []T {
