@@ -431,7 +431,9 @@ func (a *Agent) serveHealth(ctx context.Context) error {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Requests see the agent's context: a long poll of /status ends when the agent stops.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
 	go func() { _ = srv.Serve(ln) }()
 	go func() {
 		<-ctx.Done()

@@ -175,10 +175,16 @@ func (l *masqLoop) once(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Not read back, as the NetworkPolicy rules of --once are not (see policyOnce): the
-	// transaction is atomic, and the tool runs of a read-back would slow the rules' own
-	// transaction beside it.
 	l.a.log.Info("masquerade synced", "backend", l.cfg.Backend.Name(), "generation", l.generation+1, "full", true, "operations", res.Operations)
+	// An nftables table is replaced in one atomic transaction, whose success is the proof
+	// (as for the NetworkPolicy rules of --once, see policyOnce); its read-back would only
+	// slow the NetworkPolicy transaction beside it. iptables takes several steps, between
+	// which someone else may change the rules: those are read back.
+	if _, atomic := l.cfg.Backend.(*masquerade.NFTables); !atomic {
+		if err := l.cfg.Backend.Verify(ctx); err != nil {
+			return fmt.Errorf("kernel does not hold the desired masquerade state after sync: %w", err)
+		}
+	}
 	l.applied(in, nil)
 	l.a.retire("masquerade", l.cfg.RetireOthers, ctx)
 	return nil

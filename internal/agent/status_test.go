@@ -1,14 +1,19 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/netwarden/netwarden/internal/cluster"
 )
 
 // getStatus answers GET /status?query from a's handler in a goroutine, delivering the decoded
@@ -123,3 +128,37 @@ func TestStatusLongPollBadQuery(t *testing.T) {
 }
 
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
+
+// TestStatusLongPollEndsWithAgent checks that a long poll held by the health server ends when
+// the agent stops, instead of outliving it for the rest of its wait.
+func TestStatusLongPollEndsWithAgent(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "health.sock")
+	a := New(Config{NodeName: "n", Source: &runningSource{state: cluster.NewState()}, HealthAddr: "unix:" + sock})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := a.serveHealth(ctx); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	done := make(chan error, 1)
+	go func() {
+		resp, err := client.Get("http://agent/status?after=" + itoa(a.Status().Version) + "&wait=5m")
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the request is held by now; if not, it is answered at once below anyway
+	start := time.Now()
+	cancel()
+	select {
+	case <-done:
+		if d := time.Since(start); d > 10*time.Second {
+			t.Fatalf("the long poll ended %v after the agent stopped", d)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the long poll outlived the agent")
+	}
+}

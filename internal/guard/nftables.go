@@ -21,9 +21,8 @@ type NFTables struct {
 	// nft is made at first use (see Probe): knftables checks that nft works by running it
 	// twice, which an `agent --once`, never syncing the guard, would pay for nothing while the
 	// cluster state loads.
-	probe   sync.Once
+	mu      sync.Mutex
 	nft     knftables.Interface
-	nftErr  error
 	applied *Desired
 	// conn carries the known sets' changes: a pod's start waits for them, and a netlink
 	// batch costs a fraction of an nft process.
@@ -33,13 +32,20 @@ type NFTables struct {
 // NewNFTables returns the guard for nftables in the network namespace of its first use.
 func NewNFTables() *NFTables { return &NFTables{} }
 
-// Probe connects to nftables once and reports whether nft works here. Sync and Cleanup probe
-// first; a caller that will sync later probes beforehand, beside other work.
+// Probe connects to nftables and reports whether nft works here. Sync and Cleanup probe
+// first; a caller that will sync later probes beforehand, beside other work. Only success is
+// kept: a failure (nft busy, a transient error) is tried again at the next use.
 func (g *NFTables) Probe() error {
-	g.probe.Do(func() { g.nft, g.nftErr = knftables.New(knftables.InetFamily, NFTablesTable) })
-	if g.nftErr != nil {
-		return fmt.Errorf("guard: nftables: %w", g.nftErr)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.nft != nil {
+		return nil
 	}
+	nft, err := knftables.New(knftables.InetFamily, NFTablesTable)
+	if err != nil {
+		return fmt.Errorf("guard: nftables: %w", err)
+	}
+	g.nft = nft
 	return nil
 }
 
