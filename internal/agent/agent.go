@@ -137,8 +137,11 @@ func (a *Agent) notify() {
 	}
 }
 
-// logReady logs "ready" once, when the last enabled feature has completed its first sync.
-func (a *Agent) logReady() {
+// featureReady marks a feature ready (its flag, read by Ready), which changes the status, and
+// logs "ready" once, when the last enabled feature has completed its first sync.
+func (a *Agent) featureReady(flag *atomic.Bool) {
+	flag.Store(true)
+	a.status.touch()
 	if a.Ready() && !a.readyLogged.Swap(true) {
 		a.log.Info("ready")
 		// The initial load and full sync make most of the garbage the agent ever makes (at
@@ -302,9 +305,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		go func() { loops <- a.masq.run(ctx) }()
 	}
 	if a.cfg.Policy == nil {
-		a.ready.Store(true)
-		a.status.touch()
-		a.logReady()
+		a.featureReady(&a.ready)
 	} else {
 		go a.flows.run(ctx)
 		go func() { loops <- a.policy.run(ctx, nil) }()

@@ -103,9 +103,7 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 					// Ready (on /readyz and /status) only once the other backends' rules are
 					// gone too, as the "ready" log line always said.
 					l.a.retire(l.feature, l.retireOthers, ctx)
-					l.ready.Store(true)
-					l.a.status.touch()
-					l.a.logReady()
+					l.a.featureReady(l.ready)
 				}
 				if l.compactor != nil && l.compactor.CompactionPending() {
 					compact.Reset(l.compactDelay)

@@ -199,7 +199,7 @@ func (rd *Renderer) renderGroup(r *Rendered, prev renderedGroup, name string, po
 		// them, allocates nothing.
 		same, n := prev.chains[fam] != nil, 0
 		for _, p := range policies {
-			if fc := rd.familyChain(p, v6); rd.hasRules(r, fc) {
+			if fc := rd.familyChain(p, v6); hasRules(r, fc) {
 				same = same && n < len(prev.jumps[fam]) && prev.jumps[fam][n] == fc
 				n++
 			}
@@ -209,7 +209,7 @@ func (rd *Renderer) renderGroup(r *Rendered, prev renderedGroup, name string, po
 		} else {
 			jumps := make([]string, 0, n)
 			for _, p := range policies {
-				if fc := rd.familyChain(p, v6); rd.hasRules(r, fc) {
+				if fc := rd.familyChain(p, v6); hasRules(r, fc) {
 					jumps = append(jumps, fc)
 				}
 			}
@@ -224,7 +224,7 @@ func (rd *Renderer) renderGroup(r *Rendered, prev renderedGroup, name string, po
 	return rg
 }
 
-func (rd *Renderer) hasRules(r *Rendered, chain string) bool {
+func hasRules(r *Rendered, chain string) bool {
 	c := r.Chains[chain]
 	return c != nil && len(c.rules) > 0
 }
@@ -273,10 +273,10 @@ func (rd *Renderer) pruneNames(r *Rendered) {
 }
 
 // recycle empties c for reuse: its maps keep their room, so that filling them again neither
-// rehashes nor allocates.
-func (c renderCache) recycle() renderCache {
+// rehashes nor allocates. A cache never filled is made sized like other.
+func (c renderCache) recycle(other renderCache) renderCache {
 	if c.groups == nil {
-		return renderCache{}
+		return newRenderCache(other)
 	}
 	clear(c.groups)
 	clear(c.addrSets)
@@ -308,11 +308,7 @@ func Render(rs *policy.Ruleset) *Rendered { return (&Renderer{}).Render(rs) }
 // Render turns a Ruleset into table content.
 func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	// The cache of the render before the last is reused: nothing reads it any more.
-	next := rd.prev.recycle()
-	if next.groups == nil {
-		next = newRenderCache(rd.cur)
-	}
-	rd.prev, rd.cur = rd.cur, next
+	rd.prev, rd.cur = rd.cur, rd.prev.recycle(rd.cur)
 	rs, skipped := policy.FailClosed(rs, rd.checkPolicy)
 	r := &Rendered{
 		Skipped: skipped,

@@ -252,7 +252,10 @@ func (cc *Compiler) compileNetworkPolicies(prev *Ruleset) *networkPolicyPart {
 	// of its maps (a copy of their tables, several times faster than inserting their keys)
 	// and what the changed namespaces hold, not an insert of what every namespace holds.
 	if m := cc.merged; m != nil && 4*len(changed) <= len(parts) {
-		m.policies, m.addrDefs, m.namedDefs, m.cidrSets = maps.Clone(m.policies), maps.Clone(m.addrDefs), maps.Clone(m.namedDefs), maps.Clone(m.cidrSets)
+		m.policies = maps.Clone(m.policies)
+		m.addrDefs.fork()
+		m.namedDefs.fork()
+		m.cidrSets.fork()
 		for _, ns := range changed {
 			if old := prevParts[ns]; old != nil {
 				m.remove(old)
@@ -270,9 +273,9 @@ func (cc *Compiler) compileNetworkPolicies(prev *Ruleset) *networkPolicyPart {
 		}
 	}
 	m := cc.merged
-	rs.Policies, rs.CIDRSets = m.policies, m.cidrSets
+	rs.Policies, rs.CIDRSets = m.policies, m.cidrSets.vals
 	np := &networkPolicyPart{dispatch: rs.Dispatch, groups: rs.Groups, policies: rs.Policies, cidrSets: rs.CIDRSets, localPods: len(cc.local),
-		addrDefs: m.addrDefs, namedDefs: m.namedDefs}
+		addrDefs: m.addrDefs.vals, namedDefs: m.namedDefs.vals}
 	for _, part := range parts {
 		np.selecting += len(part.compiled)
 		np.isolated += part.isolated
@@ -287,53 +290,38 @@ func (cc *Compiler) compileNetworkPolicies(prev *Ruleset) *networkPolicyPart {
 
 // npMerge is the union of the nsParts of a compile, kept for the next one. Its maps of
 // policies and sets go into Rulesets, which nothing changes after Compile: an update writes
-// copies of them. The reference counts (compiled policies using each set) and selecting (local
-// pod key -> the chains judging it) are the compiler's own.
+// copies of them. selecting (local pod key -> the chains judging it) is the compiler's own.
 type npMerge struct {
-	policies                      map[string]*PolicyRules
-	addrDefs                      map[string]addrSetDef
-	namedDefs                     map[string]namedSetDef
-	cidrSets                      map[string]*CIDRSet
-	addrRefs, namedRefs, cidrRefs map[string]int
-	selecting                     map[Direction]map[string][]string
+	policies  map[string]*PolicyRules
+	addrDefs  counted[addrSetDef]
+	namedDefs counted[namedSetDef]
+	cidrSets  counted[*CIDRSet]
+	selecting map[Direction]map[string][]string
 }
 
 // newNPMerge returns an empty union, sized like the previous result (prev, nil if none) and
-// the node's local pods.
+// the node's local pods: allocated once at the size it will have instead of grown, most of a
+// full merge's garbage otherwise.
 func newNPMerge(prev *Ruleset, localPods int) *npMerge {
-	m := &npMerge{policies: map[string]*PolicyRules{}, addrDefs: map[string]addrSetDef{}, namedDefs: map[string]namedSetDef{},
-		cidrSets: map[string]*CIDRSet{}, addrRefs: map[string]int{}, namedRefs: map[string]int{}, cidrRefs: map[string]int{},
-		selecting: map[Direction]map[string][]string{Ingress: make(map[string][]string, localPods), Egress: make(map[string][]string, localPods)}}
+	var policies, addrSets, cidrSets int
 	if prev != nil {
-		// Allocated once at the size they will have instead of grown: most of a full
-		// merge's garbage otherwise.
-		m.policies = make(map[string]*PolicyRules, len(prev.Policies))
-		m.addrDefs, m.addrRefs = make(map[string]addrSetDef, len(prev.AddrSets)), make(map[string]int, len(prev.AddrSets))
-		m.cidrSets, m.cidrRefs = make(map[string]*CIDRSet, len(prev.CIDRSets)), make(map[string]int, len(prev.CIDRSets))
+		policies, addrSets, cidrSets = len(prev.Policies), len(prev.AddrSets), len(prev.CIDRSets)
 	}
-	return m
+	return &npMerge{policies: make(map[string]*PolicyRules, policies),
+		addrDefs: newCounted[addrSetDef](addrSets), namedDefs: newCounted[namedSetDef](0), cidrSets: newCounted[*CIDRSet](cidrSets),
+		selecting: map[Direction]map[string][]string{Ingress: make(map[string][]string, localPods), Egress: make(map[string][]string, localPods)}}
 }
 
-// add puts what part contributes into the union. Sets are named by their content, so every
-// contribution of a name is the same set.
+// add puts what part contributes into the union.
 func (m *npMerge) add(part *nsPart) {
 	maps.Copy(m.policies, part.chains)
 	for dir, byPod := range part.selecting {
 		maps.Copy(m.selecting[dir], byPod)
 	}
 	for _, cp := range part.compiled {
-		for name, d := range cp.addrSets {
-			m.addrDefs[name] = d
-			m.addrRefs[name]++
-		}
-		for name, d := range cp.namedSets {
-			m.namedDefs[name] = d
-			m.namedRefs[name]++
-		}
-		for name, s := range cp.cidrSets {
-			m.cidrSets[name] = s
-			m.cidrRefs[name]++
-		}
+		m.addrDefs.add(cp.addrSets)
+		m.namedDefs.add(cp.namedSets)
+		m.cidrSets.add(cp.cidrSets)
 	}
 }
 
@@ -349,23 +337,38 @@ func (m *npMerge) remove(part *nsPart) {
 		}
 	}
 	for _, cp := range part.compiled {
-		for name := range cp.addrSets {
-			if m.addrRefs[name]--; m.addrRefs[name] == 0 {
-				delete(m.addrRefs, name)
-				delete(m.addrDefs, name)
-			}
-		}
-		for name := range cp.namedSets {
-			if m.namedRefs[name]--; m.namedRefs[name] == 0 {
-				delete(m.namedRefs, name)
-				delete(m.namedDefs, name)
-			}
-		}
-		for name := range cp.cidrSets {
-			if m.cidrRefs[name]--; m.cidrRefs[name] == 0 {
-				delete(m.cidrRefs, name)
-				delete(m.cidrSets, name)
-			}
+		m.addrDefs.remove(cp.addrSets)
+		m.namedDefs.remove(cp.namedSets)
+		m.cidrSets.remove(cp.cidrSets)
+	}
+}
+
+// counted is a union of named sets, each kept while a compiled policy uses it. Sets are named
+// by their content, so every use of a name is the same set.
+type counted[V any] struct {
+	vals map[string]V // goes into Rulesets: written only after fork
+	refs map[string]int
+}
+
+func newCounted[V any](size int) counted[V] {
+	return counted[V]{vals: make(map[string]V, size), refs: make(map[string]int, size)}
+}
+
+// fork gives the union a copy of vals of its own to change, the Rulesets keeping the old.
+func (c *counted[V]) fork() { c.vals = maps.Clone(c.vals) }
+
+func (c *counted[V]) add(sets map[string]V) {
+	for name, v := range sets {
+		c.vals[name] = v
+		c.refs[name]++
+	}
+}
+
+func (c *counted[V]) remove(sets map[string]V) {
+	for name := range sets {
+		if c.refs[name]--; c.refs[name] == 0 {
+			delete(c.refs, name)
+			delete(c.vals, name)
 		}
 	}
 }
