@@ -52,8 +52,8 @@ done
 
 # What is built: main packages of hack/kubetools (the tool directives of its go.mod, and ./etcd)
 # and the binary each produces in $out.
-packages=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./etcd)
-binaries=(kube-apiserver kubectl etcd)
+packages=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-proxy ./etcd)
+binaries=(kube-apiserver kubectl kube-proxy etcd)
 
 goversion=$("$GO" env GOVERSION)
 stamp=$(cat "$tools/go.mod" "$tools/go.sum" "$tools/etcd/main.go" <(echo "$goversion $ldflags cgo=0 trimpath buildvcs=false ${packages[*]}") | sha256sum | cut -d' ' -f1)

@@ -85,6 +85,8 @@ type Agent struct {
 	drops   *dropLog // nil without DropLog, and until Run opens it
 	// applied is the Ruleset the kernel holds, for what reads the kernel's counters and logs.
 	applied atomic.Pointer[policy.Ruleset]
+	// legacy polls the iptables-legacy tables the features keep (see watch.go); nil without.
+	legacy atomic.Pointer[legacyPoller]
 	guarded
 }
 
@@ -297,6 +299,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("cluster state synced", "node", a.cfg.NodeName)
 	go a.releaseWhenQuiet(ctx)
+	go a.watchKernel(ctx)
 
 	// Each feature runs its own loop on the shared state, so that one failing (an invalid
 	// masquerade config, say) never holds the other back.
@@ -330,19 +333,39 @@ func (a *Agent) newPolicyLoop() *syncLoop {
 	return &syncLoop{
 		a: a, feature: "network policy", backend: a.cfg.Policy.Name(), status: &a.status.policy,
 		ready: &a.ready, retireOthers: a.cfg.RetireOtherPolicyBackends,
-		sync: a.syncOnce, verify: a.cfg.Policy.Verify,
+		sync: a.syncOnce, verify: a.verifyPolicy,
 		minInterval: a.cfg.MinSyncInterval, resyncEvery: func() time.Duration { return a.cfg.ResyncPeriod },
 		compactor: compactor, compactDelay: a.cfg.CompactDelay,
 		// The error counter is created here so that it is exported as 0 from the start.
 		syncErrors: a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()), driftRepairs: a.metrics.driftRepairs,
 		failedMsg: "sync failed; the kernel keeps the last applied rules", repairMsg: "repairing kernel state",
-		trigger: make(chan struct{}, 1),
+		trigger: make(chan struct{}, 1), check: make(chan struct{}, 1), foreignChanges: a.metrics.foreignChanges,
 	}
+}
+
+// verifyPolicy is the NetworkPolicy loop's verify: the backend's rules, and the guard's,
+// which its syncs install.
+func (a *Agent) verifyPolicy(ctx context.Context) error {
+	err := a.cfg.Policy.Verify(ctx)
+	switch {
+	case a.cfg.Guard == nil:
+	case err != nil:
+		// The repair rewrites the guard whole too, without the cost of checking it first:
+		// a repair's latency is an open window.
+		a.cfg.Guard.Invalidate()
+	default:
+		err = a.cfg.Guard.Verify(ctx)
+	}
+	return err
 }
 
 // syncOnce is the NetworkPolicy loop's sync.
 func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	start := time.Now()
+	if err := a.checkIPVS(); err != nil {
+		a.inSync = false
+		return err
+	}
 	// The snapshot's Generation and Revision are what the kernel holds once its rules apply.
 	st := a.cfg.Source.Snapshot()
 	cst := a.compileState(st)

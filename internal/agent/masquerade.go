@@ -98,7 +98,7 @@ func newMasqLoop(a *Agent, cfg *Masquerade) *masqLoop {
 		// The error counter is created here so that it is exported as 0 from the start.
 		syncErrors: m.syncErrors.WithLabelValues(cfg.Backend.Name()), driftRepairs: m.driftRepairs,
 		failedMsg: "masquerade sync failed; the kernel keeps the last applied rules", repairMsg: "restoring masquerade rules",
-		trigger: make(chan struct{}, 1),
+		trigger: make(chan struct{}, 1), check: make(chan struct{}, 1), foreignChanges: a.metrics.foreignChanges,
 	}
 	return l
 }

@@ -32,6 +32,10 @@ type metrics struct {
 	// droppedPackets and dropLogLost are registered only with drop logging on.
 	droppedPackets *prometheus.CounterVec
 	dropLogLost    prometheus.Counter
+	// foreignChanges counts other processes' commits to our nf_tables tables (see watch.go).
+	foreignChanges *prometheus.CounterVec
+	// enforcementRefused is 1 for a reason the NetworkPolicy feature refuses to enforce (see ipvs.go).
+	enforcementRefused *prometheus.GaugeVec
 }
 
 // Buckets from 1 ms to about 16 s: incremental syncs take milliseconds, a full sync of a large
@@ -98,6 +102,15 @@ func newMetrics() *metrics {
 			Help: "NetworkPolicies the backend cannot express, applied fail-closed: their pods stay isolated, their rules admit nothing. The log names each.",
 		}),
 	}
+	m.foreignChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "netwarden_foreign_kernel_changes_total",
+		Help: "Commits of other processes to the nf_tables tables a feature keeps (nftables, iptables-nft), from the kernel's notifications, by feature and outcome: repaired (our rules had changed and were restored at once) or intact (they had not). Notifications lost to an overflow count as a change.",
+	}, []string{"feature", "outcome"})
+	m.enforcementRefused = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "netwarden_enforcement_refused",
+		Help: "1 while the NetworkPolicy feature refuses to enforce for the reason given (kube-proxy-ipvs: kube-proxy's IPVS mode delivers Service traffic past the hooks policy is judged in); every sync fails with that reason until it is gone.",
+	}, []string{"reason"})
+	m.registry.MustRegister(m.foreignChanges, m.enforcementRefused)
 	m.registry.MustRegister(m.appliedGeneration, m.establishedErrors, m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
 		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied, m.clusterPolicies, m.policiesSkipped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -43,6 +43,11 @@ type syncLoop struct {
 	failedMsg, repairMsg     string // the log messages of a failed sync and of drift found
 
 	trigger chan struct{}
+	// check asks for a verify now: the kernel reported another process's commit to the
+	// feature's tables (see watch.go).
+	check chan struct{}
+	// foreignChanges counts those commits by outcome.
+	foreignChanges *prometheus.CounterVec
 	// lastEvent is when the oldest unprocessed change was seen (Unix ns; 0 when none).
 	lastEvent atomic.Int64
 }
@@ -55,6 +60,14 @@ func (l *syncLoop) notify() {
 	l.lastEvent.CompareAndSwap(0, time.Now().UnixNano())
 	select {
 	case l.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// kernelChanged asks the loop to verify the kernel now.
+func (l *syncLoop) kernelChanged() {
+	select {
+	case l.check <- struct{}{}:
 	default:
 	}
 }
@@ -95,6 +108,7 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 				l.a.log.Error(l.failedMsg, "err", err, "retryIn", backoff)
 				retry.Reset(backoff)
 			default:
+				l.a.kernelWritten()
 				if repairing {
 					l.a.status.update(l.status, func(fs *FeatureStatus) { fs.Repairs++ })
 				}
@@ -137,6 +151,20 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 				l.a.log.Error("compaction failed; replacing the rules whole", "err", err)
 				full, pending = true, true
 			}
+		case <-l.check:
+			if pending || repairing || full {
+				break // a full sync is coming anyway
+			}
+			if err := l.verify(ctx); err != nil {
+				l.a.log.Warn(l.repairMsg, "reason", err, "trigger", "another process changed the kernel's tables")
+				l.driftRepairs.Inc()
+				if l.foreignChanges != nil {
+					l.foreignChanges.WithLabelValues(l.feature, "repaired").Inc()
+				}
+				full, pending, repairing = true, true, true
+			} else if l.foreignChanges != nil {
+				l.foreignChanges.WithLabelValues(l.feature, "intact").Inc()
+			}
 		case <-resync.C:
 			if err := l.verify(ctx); err != nil {
 				l.a.log.Warn(l.repairMsg, "reason", err)
@@ -173,6 +201,7 @@ func (l *syncLoop) compact(ctx context.Context) error {
 		l.syncErrors.Inc()
 		return err
 	}
+	l.a.kernelWritten()
 	l.a.metrics.compactions.Inc()
 	l.a.status.update(l.status, func(fs *FeatureStatus) { fs.CompactionPending = l.compactor.CompactionPending() })
 	l.a.log.Info("compacted: removed what earlier changes left unreachable", "backend", l.backend,

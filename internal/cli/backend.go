@@ -91,8 +91,8 @@ func retireOtherPolicyBackends(chosen policy.Backend) func(context.Context) erro
 			var wg sync.WaitGroup
 			for i, m := range modes {
 				wg.Go(func() {
-					if !xtables.AnyTablePresent(m, "filter") {
-						return // nothing of this variant's here, so no rules of ours either
+					if !xtables.AnyTablePresent(m, iptables.Table) && !xtables.AnyTablePresent(m, "filter") {
+						return // nothing of this variant's here, so no rules of ours either (filter: releases before mangle)
 					}
 					if r, err := xtables.NewRunner(ctx, m); err == nil {
 						errs[i] = iptables.CleanupRules(ctx, r)

@@ -20,7 +20,13 @@ func Run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	err := cmd.Start()
+	if err == nil {
+		started(cmd.Process.Pid, name)
+		err = cmd.Wait()
+		finished(cmd.Process.Pid)
+	}
+	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
 		if msg == "" {
 			msg = err.Error()

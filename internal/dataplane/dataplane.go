@@ -94,3 +94,17 @@ type PolicyCounters interface {
 	SetPolicyCounters(bool)
 	ReadCounters(ctx context.Context) ([]RuleCounter, error)
 }
+
+// KernelTable names a netfilter table: Family as nft spells it (inet, ip, ip6), and Name.
+// Legacy marks an iptables-legacy table (ip or ip6), which raises no notifications.
+type KernelTable struct {
+	Family, Name string
+	Legacy       bool
+}
+
+// KernelTables is a backend whose rules live in netfilter tables (its own nf_tables ones, or
+// iptables' built-in ones), so that the agent can watch for other processes' changes to them
+// and verify at once rather than at the next resync.
+type KernelTables interface {
+	KernelTables() []KernelTable
+}

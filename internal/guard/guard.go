@@ -33,7 +33,19 @@ type Guard interface {
 	Sync(ctx context.Context, d Desired) error
 	// Cleanup removes everything the guard installed; absent rules are not an error.
 	Cleanup(ctx context.Context) error
+	// Verify reports how the kernel differs from what the last Sync applied (nil when it
+	// holds it, or when nothing was applied yet). After a difference, the next Sync rewrites
+	// everything.
+	Verify(ctx context.Context) error
+	// Invalidate makes the next Sync rewrite everything, for a repair that found the rules
+	// beside the guard's changed (whoever changed them may have changed the guard's too).
+	Invalidate()
 }
+
+// Drift is what Verify returns when someone else changed or removed the guard's rules.
+type Drift struct{ Reason string }
+
+func (d *Drift) Error() string { return "guard drifted: " + d.Reason }
 
 func sameRules(a, b *Desired) bool {
 	return a != nil && b != nil && a.DenyMark == b.DenyMark && slices.Equal(a.PodCIDRs, b.PodCIDRs)

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
+	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 
@@ -79,16 +81,8 @@ func (g *IPTables) Sync(ctx context.Context, d Desired) error {
 	for _, fam := range xtables.Families {
 		var in bytes.Buffer
 		fmt.Fprintf(&in, "*mangle\n:%s - [0:0]\n:%s - [0:0]\n", IPTablesChain, IPTablesForwardChain)
-		if d.DenyMark != 0 {
-			fmt.Fprintf(&in, "-A %s -m connmark --mark 0x%x/0x%x -m comment --comment \"an established flow a policy now denies\" -j DROP\n",
-				IPTablesChain, d.DenyMark, d.DenyMark)
-		}
-		if hasFamily(d.PodCIDRs, fam == xtables.IPv6) {
-			cidr, known := ipsetName("cidr", fam), ipsetName("known", fam)
-			fmt.Fprintf(&in, "-A %s -m set --match-set %s src -m set ! --match-set %s src -m comment --comment \"from a local pod without verdicts yet\" -j DROP\n",
-				IPTablesChain, cidr, known)
-			fmt.Fprintf(&in, "-A %s -m set --match-set %s dst -m set ! --match-set %s dst -m comment --comment \"to a local pod without verdicts yet\" -j DROP\n",
-				IPTablesForwardChain, cidr, known)
+		for _, r := range iptablesRules(d, fam) {
+			fmt.Fprintf(&in, "-A %s %s\n", r[0], r[1])
 		}
 		in.WriteString("COMMIT\n")
 		if err := g.run.Restore(ctx, fam, in.Bytes()); err != nil {
@@ -104,6 +98,108 @@ func (g *IPTables) Sync(ctx context.Context, d Desired) error {
 		}
 	}
 	g.applied = &d
+	return nil
+}
+
+// iptablesRules are the guard's rules of one family, as chain and spec in iptables-save's
+// spelling (Verify compares them with its output).
+func iptablesRules(d Desired, fam xtables.Family) [][2]string {
+	var out [][2]string
+	if d.DenyMark != 0 {
+		out = append(out, [2]string{IPTablesChain, fmt.Sprintf("-m connmark --mark 0x%x/0x%x -m comment --comment \"an established flow a policy now denies\" -j DROP",
+			d.DenyMark, d.DenyMark)})
+	}
+	if hasFamily(d.PodCIDRs, fam == xtables.IPv6) {
+		cidr, known := ipsetName("cidr", fam), ipsetName("known", fam)
+		out = append(out,
+			[2]string{IPTablesChain, fmt.Sprintf("-m set --match-set %s src -m set ! --match-set %s src -m comment --comment \"from a local pod without verdicts yet\" -j DROP", cidr, known)},
+			[2]string{IPTablesForwardChain, fmt.Sprintf("-m set --match-set %s dst -m set ! --match-set %s dst -m comment --comment \"to a local pod without verdicts yet\" -j DROP", cidr, known)})
+	}
+	return out
+}
+
+// Invalidate implements Guard.
+func (g *IPTables) Invalidate() { g.applied = nil }
+
+// Verify implements Guard: both chains with exactly their rules, each jumped to from its
+// built-in chain ahead of every other component's rules, and both sets of each family with
+// exactly their members.
+func (g *IPTables) Verify(ctx context.Context) error {
+	d := g.applied
+	if d == nil {
+		return nil
+	}
+	drift := func(format string, args ...any) error {
+		g.applied = nil
+		return &Drift{Reason: fmt.Sprintf(format, args...)}
+	}
+	for _, fam := range xtables.Families {
+		out, err := g.run.Save(ctx, fam, "mangle")
+		if err != nil {
+			return drift("%s", err)
+		}
+		rules := map[string][]string{}
+		for _, line := range strings.Split(string(out), "\n") {
+			if chain, spec, ok := strings.Cut(strings.TrimPrefix(line, "-A "), " "); ok && strings.HasPrefix(line, "-A ") {
+				rules[chain] = append(rules[chain], spec)
+			}
+		}
+		want := map[string][]string{}
+		for _, r := range iptablesRules(*d, fam) {
+			want[r[0]] = append(want[r[0]], r[1])
+		}
+		for _, c := range []string{IPTablesChain, IPTablesForwardChain} {
+			if !strings.Contains(string(out), "\n:"+c+" ") {
+				return drift("%s mangle chain %s missing", fam, c)
+			}
+			if !slices.Equal(rules[c], want[c]) {
+				return drift("%s mangle chain %s has %d rules that differ from the %d applied", fam, c, len(rules[c]), len(want[c]))
+			}
+		}
+		for _, j := range [][2]string{{"PREROUTING", IPTablesChain}, {"FORWARD", IPTablesForwardChain}} {
+			found := false
+			for _, r := range rules[j[0]] {
+				if r == "-j "+j[1] {
+					found = true
+					break
+				}
+				if !strings.HasPrefix(r, "-j NETWARDEN-") {
+					return drift("%s mangle %s has a rule of another component ahead of the jump to %s: %s", fam, j[0], j[1], r)
+				}
+			}
+			if !found {
+				return drift("%s mangle %s does not jump to %s", fam, j[0], j[1])
+			}
+		}
+	}
+	for _, fam := range xtables.Families {
+		for _, kind := range []string{"known", "cidr"} {
+			name := ipsetName(kind, fam)
+			got, err := xtables.IPSetMembers(ctx, name)
+			if err != nil {
+				return drift("%s", err)
+			}
+			var want []string
+			if kind == "known" {
+				for _, a := range d.Known {
+					if famOf(a) == fam {
+						want = append(want, a.String())
+					}
+				}
+			} else {
+				for _, p := range d.PodCIDRs {
+					if famOf(p.Addr()) == fam {
+						want = append(want, p.Masked().String())
+					}
+				}
+			}
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				return drift("ipset %s holds %d members, want %d", name, len(got), len(want))
+			}
+		}
+	}
 	return nil
 }
 
@@ -202,4 +298,10 @@ func (g *IPTables) Cleanup(ctx context.Context) error {
 		return nil
 	}
 	return xtables.IPSetRestore(ctx, script.Bytes())
+}
+
+// KernelTables implements dataplane.KernelTables.
+func (g *IPTables) KernelTables() []dataplane.KernelTable {
+	legacy := g.run.Mode == xtables.ModeLegacy
+	return []dataplane.KernelTable{{Family: "ip", Name: "mangle", Legacy: legacy}, {Family: "ip6", Name: "mangle", Legacy: legacy}}
 }

@@ -2,13 +2,18 @@ package guard
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 
 	gnft "github.com/google/nftables"
 	"sigs.k8s.io/knftables"
 
+	"github.com/netwarden/netwarden/internal/command"
+	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/nftjson"
 	"github.com/netwarden/netwarden/internal/nftnl"
 )
 
@@ -86,7 +91,7 @@ func (g *NFTables) Sync(ctx context.Context, d Desired) error {
 	}
 	tx := g.nft.NewTransaction()
 	g.writeFull(tx, d)
-	if err := g.nft.Run(ctx, tx); err != nil {
+	if err := command.Tracked("nft", func() error { return g.nft.Run(ctx, tx) }); err != nil {
 		g.applied = nil
 		return fmt.Errorf("guard: nftables: %w", err)
 	}
@@ -180,8 +185,107 @@ func (g *NFTables) Cleanup(ctx context.Context) error {
 	}
 	tx := g.nft.NewTransaction()
 	tx.Delete(&knftables.Table{})
-	if err := g.nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
+	if err := command.Tracked("nft", func() error { return g.nft.Run(ctx, tx) }); err != nil && !knftables.IsNotFound(err) {
 		return fmt.Errorf("guard: nftables: %w", err)
 	}
 	return nil
+}
+
+// Invalidate implements Guard.
+func (g *NFTables) Invalidate() { g.applied = nil }
+
+// Verify implements Guard: both chains with the rules applied (by count and comment), the
+// known sets with exactly their addresses and the pod CIDR sets with as many prefixes, read in
+// one listing of the table (it runs at every resync and on every foreign change).
+func (g *NFTables) Verify(ctx context.Context) error {
+	d := g.applied
+	if d == nil {
+		return nil
+	}
+	drift := func(format string, args ...any) error {
+		g.applied = nil
+		return &Drift{Reason: fmt.Sprintf(format, args...)}
+	}
+	out, err := command.Run(ctx, nil, "nft", "-j", "list", "table", "inet", NFTablesTable)
+	if err != nil {
+		return drift("%s", err)
+	}
+	l, err := nftjson.Parse(out)
+	if err != nil {
+		return drift("%s", err)
+	}
+	want := map[string][]string{}
+	for _, r := range wantRules(*d) {
+		want[r[0]] = append(want[r[0]], r[1])
+	}
+	got := map[string][]string{}
+	chains := map[string]bool{}
+	elems := map[string][]json.RawMessage{}
+	for _, o := range l {
+		switch o.Kind {
+		case "chain":
+			chains[o.String("name")] = true
+		case "rule":
+			got[o.String("chain")] = append(got[o.String("chain")], o.String("comment"))
+		case "set":
+			elems[o.String("name")] = o.Elements()
+		}
+	}
+	for _, chain := range []string{"prerouting", "forward"} {
+		if !chains[chain] {
+			return drift("chain %s missing", chain)
+		}
+		if !slices.Equal(got[chain], want[chain]) {
+			return drift("chain %s has rules %q, want %q", chain, got[chain], want[chain])
+		}
+	}
+	for _, v6 := range []bool{false, true} {
+		var wantKnown []string
+		for _, a := range d.Known {
+			if a.Is6() == v6 {
+				wantKnown = append(wantKnown, a.String())
+			}
+		}
+		var gotKnown []string
+		for _, e := range elems[knownSet(v6)] {
+			var s string
+			if json.Unmarshal(e, &s) == nil {
+				gotKnown = append(gotKnown, s)
+			}
+		}
+		slices.Sort(gotKnown)
+		slices.Sort(wantKnown)
+		if !slices.Equal(gotKnown, wantKnown) {
+			return drift("set %s holds %d addresses, want %d", knownSet(v6), len(gotKnown), len(wantKnown))
+		}
+		wantCIDRs := 0
+		for _, p := range d.PodCIDRs {
+			if p.Addr().Is6() == v6 {
+				wantCIDRs++
+			}
+		}
+		if cidrs, ok := elems[cidrSet(v6)]; !ok || len(cidrs) != wantCIDRs {
+			return drift("set %s holds %d prefixes, want %d", cidrSet(v6), len(cidrs), wantCIDRs)
+		}
+	}
+	return nil
+}
+
+// wantRules are the comments of the rules writeFull puts in each chain, in order.
+func wantRules(d Desired) [][2]string {
+	var out [][2]string
+	if d.DenyMark != 0 {
+		out = append(out, [2]string{"prerouting", "an established flow a policy now denies"})
+	}
+	for _, v6 := range []bool{false, true} {
+		if hasFamily(d.PodCIDRs, v6) {
+			out = append(out, [2]string{"prerouting", "from a local pod without verdicts yet"}, [2]string{"forward", "to a local pod without verdicts yet"})
+		}
+	}
+	return out
+}
+
+// KernelTables implements dataplane.KernelTables.
+func (g *NFTables) KernelTables() []dataplane.KernelTable {
+	return []dataplane.KernelTable{{Family: "inet", Name: NFTablesTable}}
 }

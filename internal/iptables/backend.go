@@ -180,7 +180,8 @@ func (b *Backend) applyPlan(ctx context.Context, p *plan, want *Rendered) error 
 // FullSyncRendered replaces everything we own with want, whatever the kernel held: every set
 // is created or refilled through a swap, each family's chains are rewritten in one restore,
 // the hook jumps are made to be the first rule of their built-in chains, and chains and sets
-// an earlier run left are removed, in the other iptables variant too. Other components' rules
+// an earlier run left are removed, in the filter table (releases before the move to mangle)
+// and in the other iptables variant too. Other components' rules
 // are never touched.
 func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
 	res := dataplane.SyncResult{Full: true}
@@ -219,7 +220,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 		return res, fmt.Errorf("iptables full sync: %w", err)
 	}
 	for fam, f := range families {
-		saved, err := b.run.Save(ctx, f, "filter")
+		saved, err := b.run.Save(ctx, f, Table)
 		if err != nil {
 			return res, fmt.Errorf("iptables full sync: %w", err)
 		}
@@ -237,6 +238,11 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 		}
 		for _, n := range names {
 			res.Operations += 1 + len(want.Chains[fam][n])
+		}
+		// Only once the new chains judge packets: what a release before the move to mangle
+		// left in the filter table.
+		if err := cleanupTable(ctx, b.run, f, oldTable); err != nil {
+			return res, fmt.Errorf("iptables full sync: %w", err)
 		}
 	}
 	// A run with the other variant (say, before iptables-nft was installed) left chains there
@@ -259,4 +265,10 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 	b.applied, b.target = want, want
 	res.Size = want.size()
 	return res, nil
+}
+
+// KernelTables implements dataplane.KernelTables.
+func (b *Backend) KernelTables() []dataplane.KernelTable {
+	legacy := b.run.Mode == xtables.ModeLegacy
+	return []dataplane.KernelTable{{Family: "ip", Name: Table, Legacy: legacy}, {Family: "ip6", Name: Table, Legacy: legacy}}
 }

@@ -104,7 +104,7 @@ func Expectations(rs *policy.Ruleset, dir policy.Direction, local, peer netip.Ad
 	return out
 }
 
-// Programmed returns a runner for the iptables variant whose filter table holds our chains
+// Programmed returns a runner for the iptables variant whose mangle table holds our chains
 // in either family, or nil when neither does (or neither works here).
 func Programmed(ctx context.Context) *xtables.Runner {
 	for _, m := range []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy} {
@@ -113,7 +113,7 @@ func Programmed(ctx context.Context) *xtables.Runner {
 			continue
 		}
 		for _, f := range families {
-			if ok, err := r.ChainExists(ctx, f, "filter", chainForward); err == nil && ok {
+			if ok, err := r.ChainExists(ctx, f, Table, chainForward); err == nil && ok {
 				return r
 			}
 		}
@@ -122,20 +122,20 @@ func Programmed(ctx context.Context) *xtables.Runner {
 }
 
 // Check looks each expectation up in the kernel of run's variant (in the caller's network
-// namespace) and returns a line for each that does not hold. Each family's filter table and
+// namespace) and returns a line for each that does not hold. Each family's mangle table and
 // the ipsets are read once, whatever the number of facts.
 func Check(ctx context.Context, run *xtables.Runner, exps []Expectation) ([]string, error) {
 	var tables [2]*saved
 	table := func(fam int) (*saved, error) {
 		if tables[fam] == nil {
-			out, err := run.Save(ctx, families[fam], "filter")
+			out, err := run.Save(ctx, families[fam], Table)
 			if err != nil {
 				return nil, err
 			}
 			st := parseSave(out)
 			if _, ok := st.rules[chainForward]; !ok {
-				return nil, fmt.Errorf("the %s filter table of iptables-%s holds no %s (is the agent running here, on the iptables backend?)",
-					families[fam], run.Mode, chainForward)
+				return nil, fmt.Errorf("the %s %s table of iptables-%s holds no %s (is the agent running here, on the iptables backend?)",
+					families[fam], Table, run.Mode, chainForward)
 			}
 			tables[fam] = &st
 		}

@@ -40,25 +40,33 @@ func (b *Backend) cleanupOtherVariant(ctx context.Context) error {
 }
 
 // CleanupRules removes the hook jumps and every NETWARDEN-* chain of one variant, both
-// families. It is a no-op when there is nothing of ours.
+// families, from Table and from where earlier releases kept them. It is a no-op when there is
+// nothing of ours. The guard's chains are the guard's to remove.
 func CleanupRules(ctx context.Context, r *xtables.Runner) error {
 	for _, f := range families {
-		if !xtables.TablePresent(r.Mode, f, "filter") {
-			continue // no table, no rules of ours: no save to run
-		}
-		out, err := r.Save(ctx, f, "filter")
-		if err != nil {
-			return err
-		}
-		st := parseSave(out)
-		if len(st.ownChains) == 0 && len(st.jumps) == 0 {
-			continue
-		}
-		if err := r.Restore(ctx, f, restoreInput(nil, nil, st.ownChains, nil, jumpFix{existing: st.jumps, remove: true})); err != nil {
-			return err
+		for _, table := range []string{Table, oldTable} {
+			if err := cleanupTable(ctx, r, f, table); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// cleanupTable removes our chains and the jumps to them from one table of one family.
+func cleanupTable(ctx context.Context, r *xtables.Runner, f xtables.Family, table string) error {
+	if !xtables.TablePresent(r.Mode, f, table) {
+		return nil // no table, no rules of ours: no save to run
+	}
+	out, err := r.Save(ctx, f, table)
+	if err != nil {
+		return err
+	}
+	st := parseSave(out)
+	if len(st.ownChains) == 0 && len(st.jumps) == 0 {
+		return nil
+	}
+	return r.Restore(ctx, f, tableInput(table, nil, nil, st.ownChains, nil, jumpFix{existing: st.jumps, remove: true}))
 }
 
 // CleanupSets destroys every netwarden-* ipset. Run it after CleanupRules for every variant

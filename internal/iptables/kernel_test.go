@@ -79,7 +79,7 @@ func ours(t *testing.T, mode xtables.Mode) string {
 	t.Helper()
 	var lines []string
 	for _, cmd := range []string{"iptables-" + string(mode) + "-save", "ip6tables-" + string(mode) + "-save"} {
-		for _, l := range strings.Split(run(t, cmd, "-t", "filter"), "\n") {
+		for _, l := range strings.Split(run(t, cmd, "-t", Table), "\n") {
 			if strings.Contains(l, ChainPrefix) {
 				lines = append(lines, cmd+" "+strings.Split(l, " [")[0])
 			}
@@ -95,13 +95,14 @@ func ours(t *testing.T, mode xtables.Mode) string {
 	return strings.Join(append(lines, sets...), "\n")
 }
 
-// thirdParty installs rules, a chain and a set another component would own.
+// thirdParty installs rules, a chain and a set another component would own, in the table that
+// holds ours.
 func thirdParty(t *testing.T, mode xtables.Mode) {
 	for _, bin := range []string{"iptables-" + string(mode), "ip6tables-" + string(mode)} {
-		run(t, bin, "-N", "OTHER-AGENT")
-		run(t, bin, "-A", "OTHER-AGENT", "-p", "tcp", "--dport", "9999", "-j", "ACCEPT")
-		run(t, bin, "-A", "FORWARD", "-j", "OTHER-AGENT")
-		run(t, bin, "-A", "INPUT", "-p", "udp", "--dport", "9998", "-j", "DROP")
+		run(t, bin, "-t", Table, "-N", "OTHER-AGENT")
+		run(t, bin, "-t", Table, "-A", "OTHER-AGENT", "-p", "tcp", "--dport", "9999", "-j", "ACCEPT")
+		run(t, bin, "-t", Table, "-A", "FORWARD", "-j", "OTHER-AGENT")
+		run(t, bin, "-t", Table, "-A", "INPUT", "-p", "udp", "--dport", "9998", "-j", "DROP")
 	}
 	run(t, "ipset", "create", "other-agent", "hash:ip")
 }
@@ -109,7 +110,7 @@ func thirdParty(t *testing.T, mode xtables.Mode) {
 func requireThirdParty(t *testing.T, mode xtables.Mode) {
 	t.Helper()
 	for _, bin := range []string{"iptables-" + string(mode) + "-save", "ip6tables-" + string(mode) + "-save"} {
-		out := run(t, bin, "-t", "filter")
+		out := run(t, bin, "-t", Table)
 		for _, want := range []string{"-A OTHER-AGENT -p tcp -m tcp --dport 9999 -j ACCEPT", "-A FORWARD -j OTHER-AGENT", "-A INPUT -p udp -m udp --dport 9998 -j DROP"} {
 			if !strings.Contains(out, want) {
 				t.Fatalf("%s: third-party rule %q is gone:\n%s", bin, want, out)
@@ -147,7 +148,7 @@ func TestKernelSyncVerifyCleanup(t *testing.T) {
 				}
 				requireThirdParty(t, mode)
 				// Our jumps come first in the built-in chains, ahead of the third party's.
-				if out := run(t, "iptables-"+string(mode)+"-save", "-t", "filter"); !strings.Contains(out, "-A FORWARD -j NETWARDEN-FORWARD\n-A FORWARD -j OTHER-AGENT") {
+				if out := run(t, "iptables-"+string(mode)+"-save", "-t", Table); !strings.Contains(out, "-A FORWARD -j NETWARDEN-FORWARD\n-A FORWARD -j OTHER-AGENT") {
 					t.Fatalf("jump not first:\n%s", out)
 				}
 
@@ -251,11 +252,11 @@ func TestKernelSyncVerifyCleanup(t *testing.T) {
 				}
 				ipt := "iptables-" + string(mode)
 				for _, edit := range [][]string{
-					{ipt, "-F", grp},
-					{ipt, "-R", grp, "1", "-j", "RETURN"},
-					{ipt, "-D", "FORWARD", "-j", chainForward},
-					{ipt, "-I", "FORWARD", "-j", "OTHER-AGENT"},
-					{"ip6tables-" + string(mode), "-A", chainIngress, "-j", "RETURN"},
+					{ipt, "-t", Table, "-F", grp},
+					{ipt, "-t", Table, "-R", grp, "1", "-j", "RETURN"},
+					{ipt, "-t", Table, "-D", "FORWARD", "-j", chainForward},
+					{ipt, "-t", Table, "-I", "FORWARD", "-j", "OTHER-AGENT"},
+					{"ip6tables-" + string(mode), "-t", Table, "-A", chainIngress, "-j", "RETURN"},
 					{"ipset", "del", set, "10.0.0.1"},
 					{"ipset", "add", set, "10.9.9.9"},
 				} {
@@ -312,14 +313,63 @@ func TestKernelSwitchVariant(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, cmd := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
-			if out := run(t, cmd, "-t", "filter"); strings.Contains(out, ChainPrefix) {
-				t.Fatalf("%s still holds our rules:\n%s", cmd, out)
+			for _, table := range []string{Table, oldTable} {
+				if out := run(t, cmd, "-t", table); strings.Contains(out, ChainPrefix) {
+					t.Fatalf("%s -t %s still holds our rules:\n%s", cmd, table, out)
+				}
 			}
 		}
 		if err := nft.Cleanup(ctx); err != nil {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestFullSyncRemovesFilterTableLayout: releases before the move to mangle kept the chains and
+// jumps in the filter table, where an accept of kube-proxy's could come first. A full sync
+// takes them out (leaving the other components' rules), and so does Cleanup.
+func TestFullSyncRemovesFilterTableLayout(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			inFreshNetNS(t, func() {
+				ctx := context.Background()
+				b, err := New(ctx, mode)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, bin := range []string{"iptables-" + string(mode), "ip6tables-" + string(mode)} {
+					run(t, bin, "-t", oldTable, "-N", chainForward)
+					run(t, bin, "-t", oldTable, "-N", groupPrefix+"old")
+					run(t, bin, "-t", oldTable, "-A", chainForward, "-g", groupPrefix+"old")
+					run(t, bin, "-t", oldTable, "-A", groupPrefix+"old", "-j", "DROP")
+					run(t, bin, "-t", oldTable, "-I", "FORWARD", "-j", chainForward)
+					run(t, bin, "-t", oldTable, "-A", "FORWARD", "-p", "tcp", "--dport", "7", "-j", "ACCEPT")
+				}
+				rs, _ := policy.Compile(stateWithPods(2), "n1")
+				if _, err := b.FullSync(ctx, rs); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.Verify(ctx); err != nil {
+					t.Fatal(err)
+				}
+				for _, cmd := range []string{"iptables-" + string(mode) + "-save", "ip6tables-" + string(mode) + "-save"} {
+					out := run(t, cmd, "-t", oldTable)
+					if strings.Contains(out, ChainPrefix) {
+						t.Fatalf("%s -t %s still holds the old layout:\n%s", cmd, oldTable, out)
+					}
+					if !strings.Contains(out, "-A FORWARD -p tcp -m tcp --dport 7 -j ACCEPT") {
+						t.Fatalf("%s -t %s lost another component's rule:\n%s", cmd, oldTable, out)
+					}
+					if out := run(t, cmd, "-t", Table); !strings.Contains(out, "-A FORWARD -j "+chainForward) || !strings.Contains(out, "-A INPUT -j "+chainInput) {
+						t.Fatalf("%s -t %s lacks our jumps:\n%s", cmd, Table, out)
+					}
+				}
+				if err := b.Cleanup(ctx); err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	}
 }
 
 // createHead cuts an `ipset save` create line after the family: the table size grows with

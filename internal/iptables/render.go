@@ -1,8 +1,8 @@
-// Package iptables renders a policy.Ruleset into ipsets and our own chains in the filter table
+// Package iptables renders a policy.Ruleset into ipsets and our own chains in the mangle table
 // of iptables and ip6tables, and keeps the kernel in step with it, for hosts where nftables
 // cannot be used. It enforces exactly the semantics of the nftables backend.
 //
-// Layout (filter table, each family):
+// Layout (mangle table, each family; see Table for why mangle):
 //
 //	FORWARD -> NETWARDEN-FORWARD   established/related and IPv6 ND return; then egress, then ingress
 //	INPUT   -> NETWARDEN-INPUT     established/related and IPv6 ND return; then egress (pod -> node)
@@ -91,6 +91,23 @@ const (
 	maxSetName   = 31
 	hashLen      = 16 // base32 characters: 80 bits
 )
+
+// Table is where our chains live: mangle, not filter. Every table is a separate base chain on
+// the same hook, and an ACCEPT ends only the table it is in; the mangle table's FORWARD and
+// INPUT (priority -150) run before the filter table's (0) for every packet. kube-proxy's
+// iptables mode puts `-j KUBE-FORWARD` first in filter FORWARD, whenever it (re)starts, and
+// KUBE-FORWARD accepts the packets carrying its masquerade mark (NodePort and hairpin
+// traffic); Docker, firewalld's iptables backend and other CNIs accept in filter too. In
+// filter, whoever inserted last would decide whether our chains see those packets at all; in
+// mangle no accept of theirs can come first, and every packet is judged by our rules after
+// DNAT (prerouting) and before SNAT (postrouting), as in filter. Within mangle, Verify
+// requires our jumps ahead of every other component's rules, and the agent repairs any change
+// there at once (see kernelwatch).
+const Table = "mangle"
+
+// oldTable is where releases before the move to mangle kept the chains: a full sync and
+// cleanup remove what such a run left there.
+const oldTable = "filter"
 
 // hookJumps are the jumps from built-in chains into ours.
 var hookJumps = []struct{ builtin, chain string }{

@@ -37,13 +37,18 @@ type jumpFix struct {
 	remove   bool
 }
 
-// restoreInput writes a `restore --noflush` input for the filter table that (re)writes the
+// restoreInput writes a `restore --noflush` input for Table that (re)writes the
 // chains in write (declaring a chain flushes it, or creates it), deletes the chains in gone
 // (flushed first, so jumps between them are gone before any is deleted), applies the rule
 // edits of chains kept in place (see chainEdits), and fixes the hook jumps. Chains not named are left alone, ours and everyone else's.
 func restoreInput(chains map[string][]string, write, gone, edits []string, jf jumpFix) []byte {
+	return tableInput(Table, chains, write, gone, edits, jf)
+}
+
+// tableInput is restoreInput for any table: cleanup uses it for oldTable.
+func tableInput(table string, chains map[string][]string, write, gone, edits []string, jf jumpFix) []byte {
 	var buf bytes.Buffer
-	buf.WriteString("*filter\n")
+	buf.WriteString("*" + table + "\n")
 	for _, n := range write {
 		fmt.Fprintf(&buf, ":%s - [0:0]\n", n)
 	}

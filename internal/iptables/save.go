@@ -4,9 +4,30 @@ import (
 	"bufio"
 	"bytes"
 	"strings"
+
+	"github.com/netwarden/netwarden/internal/guard"
 )
 
-// saved is what a filter table listing says about our objects.
+// isOurChain reports whether chain is one of the NetworkPolicy backend's. The guard's chains share
+// the mangle table and the prefix, and are the guard's to keep.
+func isOurChain(chain string) bool {
+	return strings.HasPrefix(chain, ChainPrefix) && chain != guard.IPTablesChain && chain != guard.IPTablesForwardChain
+}
+
+// jumpsToOurs reports whether a rule spec jumps or goes to one of our chains.
+func jumpsToOurs(spec string) bool {
+	for _, verb := range []string{"-j ", "-g "} {
+		if i := strings.Index(spec, verb+ChainPrefix); i >= 0 {
+			target, _, _ := strings.Cut(spec[i+len(verb):], " ")
+			if isOurChain(target) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// saved is what a table listing says about our objects.
 type saved struct {
 	ownChains []string
 	rules     map[string][]string // our chains' rule specs, in order
@@ -23,18 +44,21 @@ func parseSave(out []byte) saved {
 		switch {
 		case strings.HasPrefix(line, ":"):
 			name, _, _ := strings.Cut(line[1:], " ")
-			if strings.HasPrefix(name, ChainPrefix) {
+			if isOurChain(name) {
 				st.ownChains = append(st.ownChains, name)
 				st.rules[name] = nil
 			}
 		case strings.HasPrefix(line, "-A "):
 			chain, spec, _ := strings.Cut(line[3:], " ")
-			if strings.HasPrefix(chain, ChainPrefix) {
+			if isOurChain(chain) {
 				st.rules[chain] = append(st.rules[chain], spec)
 				continue
 			}
+			if strings.HasPrefix(chain, ChainPrefix) {
+				continue // the guard's
+			}
 			st.builtin[chain] = append(st.builtin[chain], spec)
-			if strings.Contains(spec, "-j "+ChainPrefix) || strings.Contains(spec, "-g "+ChainPrefix) {
+			if jumpsToOurs(spec) {
 				st.jumps = append(st.jumps, [2]string{chain, spec})
 			}
 		}

@@ -327,7 +327,7 @@ func TestKernelTiers(t *testing.T) {
 					{ipt, "-D", baselineChain("baseline-ingress-e"), "1"},
 					{ipt, "-R", chainForward, "3", "-j", chainIngress},
 				} {
-					run(t, edit[0], edit[1:]...)
+					run(t, edit[0], append([]string{"-t", Table}, edit[1:]...)...)
 					if err := tb.be.Verify(context.Background()); err == nil {
 						return fmt.Errorf("verify did not notice %v", edit)
 					}

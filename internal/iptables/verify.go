@@ -6,6 +6,8 @@ import (
 	"maps"
 	"os/exec"
 	"slices"
+
+	"github.com/netwarden/netwarden/internal/guard"
 )
 
 // Drift describes how the kernel differs from what was applied.
@@ -13,14 +15,36 @@ type Drift struct{ Reason string }
 
 func (d *Drift) Error() string { return "iptables state drifted: " + d.Reason }
 
+// jumpFirst says what is wrong with a built-in chain's rules, whose jump to chain must come
+// once, ahead of every rule of another component (the guard's jumps may precede it: they
+// only drop).
+func jumpFirst(rules []string, chain string) string {
+	jump, found := "-j "+chain, -1
+	for i, r := range rules {
+		switch {
+		case r == jump && found >= 0:
+			return "jumps to " + chain + " twice"
+		case r == jump:
+			found = i
+		case found < 0 && r != "-j "+guard.IPTablesChain && r != "-j "+guard.IPTablesForwardChain:
+			return fmt.Sprintf("has a rule of another component ahead of the jump to %s: %s", chain, r)
+		}
+	}
+	if found < 0 {
+		return "does not jump to " + chain
+	}
+	return ""
+}
+
 // Verify compares the kernel with what was last applied: every chain of ours with exactly its
-// rules, the hook jumps first in their built-in chains, every set with exactly its members.
+// rules, the hook jumps ahead of every other component's rules in their built-in chains,
+// every set with exactly its members.
 func (b *Backend) Verify(ctx context.Context) error {
 	if b.applied == nil {
 		return &Drift{Reason: "no successful sync yet"}
 	}
 	for fam, f := range families {
-		out, err := b.run.Save(ctx, f, "filter")
+		out, err := b.run.Save(ctx, f, Table)
 		if err != nil {
 			return &Drift{Reason: err.Error()}
 		}
@@ -67,9 +91,8 @@ func compareChains(fam string, want map[string][]string, st saved) string {
 		return fmt.Sprintf("%s has %d chains of ours, want %d", fam, len(st.ownChains), len(want))
 	}
 	for _, h := range hookJumps {
-		rules := st.builtin[h.builtin]
-		if len(rules) == 0 || rules[0] != "-j "+h.chain {
-			return fmt.Sprintf("%s %s does not jump to %s first", fam, h.builtin, h.chain)
+		if reason := jumpFirst(st.builtin[h.builtin], h.chain); reason != "" {
+			return fmt.Sprintf("%s %s %s %s", fam, Table, h.builtin, reason)
 		}
 	}
 	return ""

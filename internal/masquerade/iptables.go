@@ -314,3 +314,9 @@ func cleanupIPSets(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// KernelTables implements dataplane.KernelTables.
+func (b *IPTables) KernelTables() []dataplane.KernelTable {
+	legacy := b.run.Mode == xtables.ModeLegacy
+	return []dataplane.KernelTable{{Family: "ip", Name: "nat", Legacy: legacy}, {Family: "ip6", Name: "nat", Legacy: legacy}}
+}

@@ -101,7 +101,7 @@ func (b *NFTables) FullSync(ctx context.Context, d *Desired) (dataplane.SyncResu
 	tx.Add(&knftables.Table{})
 	tx.Delete(&knftables.Table{})
 	b.writeFull(tx, d)
-	if err := b.nft.Run(ctx, tx); err != nil {
+	if err := command.Tracked("nft", func() error { return b.nft.Run(ctx, tx) }); err != nil {
 		b.applied = nil
 		return dataplane.SyncResult{Full: true}, fmt.Errorf("nftables masquerade full sync: %w", err)
 	}
@@ -219,7 +219,7 @@ func (b *NFTables) Cleanup(ctx context.Context) error {
 	tx := b.nft.NewTransaction()
 	tx.Add(&knftables.Table{})
 	tx.Delete(&knftables.Table{})
-	if err := b.nft.Run(ctx, tx); err != nil {
+	if err := command.Tracked("nft", func() error { return b.nft.Run(ctx, tx) }); err != nil {
 		return fmt.Errorf("removing table inet %s: %w", NFTablesTable, err)
 	}
 	b.applied = nil
@@ -259,4 +259,9 @@ func listRanges(ctx context.Context, set string) ([]Range, error) {
 		}
 	}
 	return rs, nil
+}
+
+// KernelTables implements dataplane.KernelTables.
+func (b *NFTables) KernelTables() []dataplane.KernelTable {
+	return []dataplane.KernelTable{{Family: "inet", Name: NFTablesTable}}
 }

@@ -12,6 +12,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/netwarden/netwarden/internal/command"
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/nftjson"
 	"github.com/netwarden/netwarden/internal/nftnl"
@@ -92,7 +93,7 @@ func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.S
 		} else {
 			tx := b.nft.NewTransaction()
 			p.writeTx(tx, b.applied, want)
-			err = b.nft.Run(ctx, tx)
+			err = command.Tracked("nft", func() error { return b.nft.Run(ctx, tx) })
 		}
 		if err == nil {
 			b.applied = want
@@ -129,7 +130,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 	tx.Add(&knftables.Table{})
 	tx.Delete(&knftables.Table{})
 	writeFull(tx, want, true)
-	if err := b.nft.Run(ctx, tx); err != nil {
+	if err := command.Tracked("nft", func() error { return b.nft.Run(ctx, tx) }); err != nil {
 		b.applied = nil
 		return dataplane.SyncResult{Full: true, Fallback: fallback}, fmt.Errorf("nftables full sync: %w", err)
 	}
@@ -466,7 +467,7 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	tx.Add(&knftables.Table{})
 	tx.Delete(&knftables.Table{})
 	b.applied = nil
-	if err := b.nft.Run(ctx, tx); err != nil {
+	if err := command.Tracked("nft", func() error { return b.nft.Run(ctx, tx) }); err != nil {
 		return fmt.Errorf("removing table inet %s: %w", TableName, err)
 	}
 	return nil
@@ -577,4 +578,9 @@ func Dump(r *Rendered) string {
 	}
 	buf.WriteString(fake.Dump())
 	return buf.String()
+}
+
+// KernelTables implements dataplane.KernelTables.
+func (b *Backend) KernelTables() []dataplane.KernelTable {
+	return []dataplane.KernelTable{{Family: "inet", Name: TableName}}
 }

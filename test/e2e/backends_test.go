@@ -111,14 +111,16 @@ func kernelState(ctx context.Context, bed *testbed.Bed, be backend) string {
 	}
 	var sb strings.Builder
 	for _, cmd := range []string{"iptables-" + be.mode + "-save", "ip6tables-" + be.mode + "-save"} {
-		out, err := bed.NodeExec(ctx, cmd, "-t", "filter")
+		out, err := bed.NodeExec(ctx, cmd, "-t", "mangle")
 		if err != nil {
 			fmt.Fprintf(&sb, "%s: %v %s\n", cmd, err, out)
 			continue
 		}
 		fmt.Fprintf(&sb, "# %s\n", cmd)
 		for _, l := range strings.Split(string(out), "\n") {
-			if strings.HasPrefix(l, "#") {
+			// The guard's chains share the mangle table; like its sets (below), they belong
+			// to the long-running agent only.
+			if strings.HasPrefix(l, "#") || strings.Contains(l, guard.IPTablesChain) {
 				continue
 			}
 			sb.WriteString(strings.Split(l, " [")[0] + "\n") // without counters

@@ -105,7 +105,7 @@ func deleteDispatch(t *testing.T, w *world, be backend, addr string) {
 		}
 		return
 	}
-	out, err := w.sim.Bed.NodeExec(ctx, "iptables-"+be.mode+"-save", "-t", "filter")
+	out, err := w.sim.Bed.NodeExec(ctx, "iptables-"+be.mode+"-save", "-t", "mangle")
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -113,7 +113,7 @@ func deleteDispatch(t *testing.T, w *world, be backend, addr string) {
 	for _, l := range strings.Split(string(out), "\n") {
 		if f := strings.Fields(l); len(f) == 6 && f[0] == "-A" && f[2] == "-d" && f[3] == addr+"/32" && strings.HasPrefix(f[5], "NETWARDEN-G-") {
 			f[0] = "-D"
-			if o, err := w.sim.Bed.NodeExec(ctx, "iptables-"+be.mode, append([]string{"-w"}, f...)...); err != nil {
+			if o, err := w.sim.Bed.NodeExec(ctx, "iptables-"+be.mode, append([]string{"-w", "-t", "mangle"}, f...)...); err != nil {
 				t.Fatalf("%v: %s", err, o)
 			}
 			return

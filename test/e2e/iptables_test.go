@@ -37,10 +37,11 @@ func TestThirdPartyRulesSurvive(t *testing.T) {
 			{"iptables-" + be.mode, src.IPv4.String(), dst.IPv4.String()},
 			{"ip6tables-" + be.mode, src.IPv6.String(), dst.IPv6.String()},
 		} {
-			ipt(fam.bin, "-N", "OTHER-AGENT")
-			ipt(fam.bin, "-A", "OTHER-AGENT", "-s", fam.src, "-d", fam.dst, "-p", "tcp", "--dport", "81", "-j", "DROP")
-			ipt(fam.bin, "-A", "FORWARD", "-j", "OTHER-AGENT")
-			ipt(fam.bin, "-A", "INPUT", "-p", "udp", "--dport", "9", "-j", "DROP")
+			// In the table that holds ours, where a careless sync could hurt them.
+			ipt(fam.bin, "-t", "mangle", "-N", "OTHER-AGENT")
+			ipt(fam.bin, "-t", "mangle", "-A", "OTHER-AGENT", "-s", fam.src, "-d", fam.dst, "-p", "tcp", "--dport", "81", "-j", "DROP")
+			ipt(fam.bin, "-t", "mangle", "-A", "FORWARD", "-j", "OTHER-AGENT")
+			ipt(fam.bin, "-t", "mangle", "-A", "INPUT", "-p", "udp", "--dport", "9", "-j", "DROP")
 		}
 		ipt("ipset", "create", "other-agent", "hash:ip")
 		ipt("ipset", "add", "other-agent", "192.0.2.1")
@@ -48,7 +49,7 @@ func TestThirdPartyRulesSurvive(t *testing.T) {
 		requireThirdParty := func(step string) {
 			t.Helper()
 			for _, bin := range []string{"iptables-" + be.mode + "-save", "ip6tables-" + be.mode + "-save"} {
-				out, err := w.sim.Bed.NodeExec(ctx, bin, "-t", "filter")
+				out, err := w.sim.Bed.NodeExec(ctx, bin, "-t", "mangle")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -99,10 +100,12 @@ func TestThirdPartyRulesSurvive(t *testing.T) {
 		// A drift repair is a full sync: it rewrites our chains and moves our jump first,
 		// and still leaves everything else alone.
 		repairs := policyRepairs(t, w)
-		ipt("iptables-"+be.mode, "-D", "FORWARD", "-j", "NETWARDEN-FORWARD")
+		ipt("iptables-"+be.mode, "-t", "mangle", "-D", "FORWARD", "-j", "NETWARDEN-FORWARD")
 		waitRepaired(t, w, repairs)
-		if out, _ := w.sim.Bed.NodeExec(ctx, "iptables-"+be.mode+"-save", "-t", "filter"); !strings.Contains(string(out), "-A FORWARD -j NETWARDEN-FORWARD\n-A FORWARD -j OTHER-AGENT") {
-			t.Fatalf("the repair did not put our jump first:\n%s", out)
+		// Ahead of the third party's jump (the guard's drop-only jump may come first).
+		out, _ := w.sim.Bed.NodeExec(ctx, "iptables-"+be.mode+"-save", "-t", "mangle")
+		if ours, theirs := strings.Index(string(out), "-A FORWARD -j NETWARDEN-FORWARD\n"), strings.Index(string(out), "-A FORWARD -j OTHER-AGENT\n"); ours < 0 || theirs < 0 || ours > theirs {
+			t.Fatalf("the repair did not put our jump ahead of the third party's:\n%s", out)
 		}
 		requireThirdParty("after a full sync")
 		w.requireIncremental(t)
@@ -166,7 +169,7 @@ func TestRestartConverges(t *testing.T) {
 		w.check(t, "after restart")
 		if be.iptables() {
 			for _, cmd := range []string{"iptables-" + be.mode + "-save", "ip6tables-" + be.mode + "-save"} {
-				out, _ := w.sim.Bed.NodeExec(ctx, cmd, "-t", "filter")
+				out, _ := w.sim.Bed.NodeExec(ctx, cmd, "-t", "mangle")
 				if strings.Contains(string(out), "NETWARDEN-") {
 					t.Fatalf("the variant used before the restart still holds our rules:\n%s", out)
 				}

@@ -223,7 +223,7 @@ func breakRules(t *testing.T, w *world) {
 	var out []byte
 	var err error
 	if w.be.iptables() {
-		out, err = w.sim.Bed.NodeExec(ctx, "iptables-"+w.be.mode, "-D", "FORWARD", "-j", "NETWARDEN-FORWARD")
+		out, err = w.sim.Bed.NodeExec(ctx, "iptables-"+w.be.mode, "-t", "mangle", "-D", "FORWARD", "-j", "NETWARDEN-FORWARD")
 	} else {
 		out, err = w.sim.Bed.NodeExec(ctx, "nft", "delete", "table", "inet", "netwarden")
 	}
@@ -245,7 +245,7 @@ func breakAllowChain(t *testing.T, w *world) {
 		return
 	}
 	ipt := "iptables-" + w.be.mode
-	out, err := w.sim.Bed.NodeExec(ctx, ipt+"-save", "-t", "filter")
+	out, err := w.sim.Bed.NodeExec(ctx, ipt+"-save", "-t", "mangle")
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -258,7 +258,7 @@ func breakAllowChain(t *testing.T, w *world) {
 	if chain == "" {
 		t.Fatalf("no group chain allowing from a pod set:\n%s", out)
 	}
-	for _, args := range [][]string{{"-F", chain}, {"-A", chain, "-j", "DROP"}} {
+	for _, args := range [][]string{{"-t", "mangle", "-F", chain}, {"-t", "mangle", "-A", chain, "-j", "DROP"}} {
 		if out, err := w.sim.Bed.NodeExec(ctx, ipt, args...); err != nil {
 			t.Fatalf("%s %v: %v: %s", ipt, args, err, out)
 		}

@@ -338,7 +338,7 @@ func TestImageRuns(t *testing.T) {
 		if ruleset := host(t, "nft", "list", "ruleset"); strings.Contains(ruleset, "table inet netwarden") {
 			t.Errorf("table inet netwarden is still there after the iptables backend took over:\n%s", ruleset)
 		}
-		saved := host(t, "iptables-nft-save", "-t", "filter")
+		saved := host(t, "iptables-nft-save", "-t", "mangle")
 		if !strings.Contains(saved, "-d 10.244.1.7/32 -g NETWARDEN-") {
 			t.Errorf("iptables-nft-save shows no netwarden ingress rule for 10.244.1.7:\n%s", saved)
 		}
