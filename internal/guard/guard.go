@@ -79,6 +79,24 @@ func diffAddrs(old, cur []netip.Addr) (add, del []netip.Addr) {
 	return add, del
 }
 
+// members are the addresses and prefixes of one family the guard's sets hold for d, sorted
+// as strings (how Verify compares them with a listing).
+func (d *Desired) members(v6 bool) (known, cidrs []string) {
+	for _, a := range d.Known {
+		if a.Is6() == v6 {
+			known = append(known, a.String())
+		}
+	}
+	for _, p := range d.PodCIDRs {
+		if p.Addr().Is6() == v6 {
+			cidrs = append(cidrs, p.Masked().String())
+		}
+	}
+	slices.Sort(known)
+	slices.Sort(cidrs)
+	return known, cidrs
+}
+
 // normalize sorts and deduplicates the addresses of d.
 func normalize(d Desired) Desired {
 	d.Known = slices.Clone(d.Known)

@@ -173,28 +173,14 @@ func (g *IPTables) Verify(ctx context.Context) error {
 		}
 	}
 	for _, fam := range xtables.Families {
-		for _, kind := range []string{"known", "cidr"} {
+		known, cidrs := d.members(fam == xtables.IPv6)
+		for kind, want := range map[string][]string{"known": known, "cidr": cidrs} {
 			name := ipsetName(kind, fam)
 			got, err := xtables.IPSetMembers(ctx, name)
 			if err != nil {
 				return drift("%s", err)
 			}
-			var want []string
-			if kind == "known" {
-				for _, a := range d.Known {
-					if famOf(a) == fam {
-						want = append(want, a.String())
-					}
-				}
-			} else {
-				for _, p := range d.PodCIDRs {
-					if famOf(p.Addr()) == fam {
-						want = append(want, p.Masked().String())
-					}
-				}
-			}
 			slices.Sort(got)
-			slices.Sort(want)
 			if !slices.Equal(got, want) {
 				return drift("ipset %s holds %d members, want %d", name, len(got), len(want))
 			}

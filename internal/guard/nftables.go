@@ -240,12 +240,7 @@ func (g *NFTables) Verify(ctx context.Context) error {
 		}
 	}
 	for _, v6 := range []bool{false, true} {
-		var wantKnown []string
-		for _, a := range d.Known {
-			if a.Is6() == v6 {
-				wantKnown = append(wantKnown, a.String())
-			}
-		}
+		wantKnown, wantCIDRs := d.members(v6)
 		var gotKnown []string
 		for _, e := range elems[knownSet(v6)] {
 			var s string
@@ -254,18 +249,11 @@ func (g *NFTables) Verify(ctx context.Context) error {
 			}
 		}
 		slices.Sort(gotKnown)
-		slices.Sort(wantKnown)
 		if !slices.Equal(gotKnown, wantKnown) {
 			return drift("set %s holds %d addresses, want %d", knownSet(v6), len(gotKnown), len(wantKnown))
 		}
-		wantCIDRs := 0
-		for _, p := range d.PodCIDRs {
-			if p.Addr().Is6() == v6 {
-				wantCIDRs++
-			}
-		}
-		if cidrs, ok := elems[cidrSet(v6)]; !ok || len(cidrs) != wantCIDRs {
-			return drift("set %s holds %d prefixes, want %d", cidrSet(v6), len(cidrs), wantCIDRs)
+		if cidrs, ok := elems[cidrSet(v6)]; !ok || len(cidrs) != len(wantCIDRs) {
+			return drift("set %s holds %d prefixes, want %d", cidrSet(v6), len(cidrs), len(wantCIDRs))
 		}
 	}
 	return nil

@@ -3,11 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,42 +45,15 @@ func forEachBackend(t *testing.T, backends []backend, f func(t *testing.T, be ba
 	}
 }
 
-var (
-	wrappersMu sync.Mutex
-	wrappers   = map[string]string{}
-)
-
-// agentBinary returns a wrapper around the agent binary that selects be for the agent and
-// render commands (a later --backend on the command line still wins) and pins the iptables
-// variant through the environment, so every way a test starts the binary uses be.
+// agentBinary returns the agent binary wrapped to use be (simnode.BackendBinary), so every way
+// a test starts the binary uses be.
 func agentBinary(t *testing.T, be backend) string {
 	t.Helper()
-	bin, err := simnode.AgentBinary()
+	bin, err := simnode.BackendBinary(be.flag, be.mode)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wrappersMu.Lock()
-	defer wrappersMu.Unlock()
-	if w, ok := wrappers[be.name]; ok {
-		return w
-	}
-	dir, err := os.MkdirTemp("", "netwarden-e2e-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "netwarden-"+be.name)
-	script := fmt.Sprintf(`#!/bin/sh
-export NETWARDEN_IPTABLES_MODE=%q
-case "$1" in
-agent|render) cmd=$1; shift; exec %q "$cmd" --backend %q "$@" ;;
-esac
-exec %q "$@"
-`, be.mode, bin, be.flag, bin)
-	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	wrappers[be.name] = path
-	return path
+	return bin
 }
 
 // settledKernelState is kernelState once the agent has applied the state written and the

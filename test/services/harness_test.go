@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -45,43 +44,17 @@ var (
 	allBackends = []backend{nftablesBackend, iptablesNFT, iptablesLegacy}
 )
 
-var (
-	wrappersMu sync.Mutex
-	wrappers   = map[string]string{}
-)
-
-// agentBinary returns a wrapper around the agent binary that selects be (as test/e2e does).
+// agentBinary returns the agent binary wrapped to use be (simnode.BackendBinary).
 func agentBinary(t *testing.T, be backend) string {
 	t.Helper()
-	bin, err := simnode.AgentBinary()
+	bin, err := simnode.BackendBinary(be.flag, be.mode)
 	if err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatal(err)
 		}
-		t.Skip(err.Error())
+		t.Skip("skipping: " + err.Error())
 	}
-	wrappersMu.Lock()
-	defer wrappersMu.Unlock()
-	if w, ok := wrappers[be.name]; ok {
-		return w
-	}
-	dir, err := os.MkdirTemp("", "netwarden-services-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "netwarden-"+be.name)
-	script := fmt.Sprintf(`#!/bin/sh
-export NETWARDEN_IPTABLES_MODE=%q
-case "$1" in
-agent|render) cmd=$1; shift; exec %q "$cmd" --backend %q "$@" ;;
-esac
-exec %q "$@"
-`, be.mode, bin, be.flag, bin)
-	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	wrappers[be.name] = path
-	return path
+	return bin
 }
 
 // nodeAgent is the netwarden agent of one node, reading the API server.
@@ -123,7 +96,7 @@ func startAgent(t *testing.T, be backend, srv *kubetest.Server, node *testbed.No
 		"--masquerade=false", "--log-level", "debug")
 	a.cmd.Stdout, a.cmd.Stderr = &a.logs, &a.logs
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	onSpawnThread(func() { err = a.cmd.Start() })
+	kubetest.OnSpawnThread(func() { err = a.cmd.Start() })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,28 +176,6 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// The parent-death signal fires when the thread that started a process exits: processes are
-// started from one thread kept for the life of the test binary (as kubetest does).
-var (
-	spawnOnce sync.Once
-	spawnReqs chan func()
-)
-
-func onSpawnThread(fn func()) {
-	spawnOnce.Do(func() {
-		spawnReqs = make(chan func())
-		go func() {
-			runtime.LockOSThread()
-			for req := range spawnReqs {
-				req()
-			}
-		}()
-	})
-	done := make(chan struct{})
-	spawnReqs <- func() { fn(); close(done) }
-	<-done
 }
 
 // identPort is where every pod (and the nodes, on their underlay addresses) run a server that

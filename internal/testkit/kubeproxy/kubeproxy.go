@@ -37,7 +37,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -72,7 +71,6 @@ const (
 	MetricsAddr = "127.0.0.1:10249"
 
 	stopTimeout = 10 * time.Second
-	logLimit    = 4 << 20
 )
 
 // Options configure a Proxy.
@@ -105,7 +103,7 @@ type Proxy struct {
 	fwd    *testbed.Forwarder
 	args   []string
 	env    []string
-	logs   *logBuffer
+	logs   *kubetest.LogBuffer
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -138,7 +136,7 @@ func New(t testing.TB, opts Options) *Proxy {
 	} else {
 		bin = kubetest.Binary(t, "kube-proxy")
 	}
-	p := &Proxy{opts: opts, bin: bin, server: opts.Server, dir: t.TempDir(), logs: &logBuffer{}}
+	p := &Proxy{opts: opts, bin: bin, server: opts.Server, dir: t.TempDir(), logs: kubetest.NewLogBuffer("kube-proxy " + opts.Node.Name)}
 	t.Cleanup(func() {
 		p.Kill()
 		if p.fwd != nil {
@@ -247,7 +245,7 @@ func (p *Proxy) Start() error {
 	cmd.Stderr = p.logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var err error
-	onSpawnThread(func() { err = cmd.Start() })
+	kubetest.OnSpawnThread(func() { err = cmd.Start() })
 	if err != nil {
 		return fmt.Errorf("kubeproxy: starting kube-proxy: %w", err)
 	}
@@ -426,49 +424,4 @@ exit 0
 		}
 	}
 	return nil
-}
-
-// The kernel sends the parent-death signal when the OS thread that started a process exits,
-// not when the test binary does, and the testbed retires OS threads on purpose. So kube-proxy
-// is started from one goroutine that stays locked to its thread for the life of the binary.
-var (
-	spawnOnce sync.Once
-	spawnReqs chan func()
-)
-
-func onSpawnThread(fn func()) {
-	spawnOnce.Do(func() {
-		spawnReqs = make(chan func())
-		go func() {
-			runtime.LockOSThread() // never unlocked
-			for req := range spawnReqs {
-				req()
-			}
-		}()
-	})
-	done := make(chan struct{})
-	spawnReqs <- func() { fn(); close(done) }
-	<-done
-}
-
-// logBuffer keeps the last logLimit bytes written to it.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf = append(b.buf, p...)
-	if over := len(b.buf) - logLimit; over > 0 {
-		b.buf = append(b.buf[:0], b.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
 }

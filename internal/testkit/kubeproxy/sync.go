@@ -90,7 +90,7 @@ func (p *Proxy) WaitSynced(timeout time.Duration, since time.Time) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("kube-proxy did not sync within %v: %s\n%s", timeout, last, tail(p.Logs(), 30))
-		case <-time.After(20 * time.Millisecond): // a poll interval, not a guess at sync time
+		case <-time.After(50 * time.Millisecond): // a poll interval, not a guess at sync time
 		}
 	}
 }
@@ -196,19 +196,21 @@ func ptrOr[T any](p *T, def T) T {
 func slicesContains(s []string, v string) bool { return slices.Contains(s, v) }
 
 // WaitProgrammed waits until the kernel of the node netns holds, for every Service and
-// EndpointSlice client reads at the time of the call, the rules kube-proxy makes of them:
-// each cluster IP and port leads to exactly its ready endpoints (or, without any, to none),
-// and each NodePort is there. It reads the kernel, not kube-proxy's word.
+// EndpointSlice client reads, the rules kube-proxy makes of them: each cluster IP and port
+// leads to exactly its ready endpoints (or, without any, to none), and each NodePort is there.
+// It reads the kernel, not kube-proxy's word. The API is read again at every poll: other tests
+// sharing the API server change their Services meanwhile, and kube-proxy follows them past
+// any one earlier reading; what the caller wrote before the call is in every later one.
 func (p *Proxy) WaitProgrammed(timeout time.Duration, client kubernetes.Interface) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	want, err := Expected(ctx, client)
-	if err != nil {
-		return fmt.Errorf("kubeproxy: reading Services and EndpointSlices: %w", err)
-	}
 	var missing []string
 	var lastErr error
 	for {
+		want, err := Expected(ctx, client)
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("kubeproxy: reading Services and EndpointSlices: %w", err)
+		}
 		if err := p.exited(); err != nil {
 			return fmt.Errorf("waiting for kube-proxy to program the Services: %v\n%s", err, tail(p.Logs(), 30))
 		}
@@ -227,7 +229,7 @@ func (p *Proxy) WaitProgrammed(timeout time.Duration, client kubernetes.Interfac
 		case <-ctx.Done():
 			return fmt.Errorf("kube-proxy (%s mode) did not program within %v (last error reading the kernel: %v):\n  %s\nkube-proxy log:\n%s",
 				p.opts.Mode, timeout, lastErr, strings.Join(missing, "\n  "), tail(p.Logs(), 30))
-		case <-time.After(20 * time.Millisecond): // a poll interval, not a guess at sync time
+		case <-time.After(50 * time.Millisecond): // a poll interval, not a guess at sync time
 		}
 	}
 }

@@ -100,8 +100,8 @@ type Server struct {
 	apiArgs     []string
 	etcd        *process
 	apiserver   *process
-	etcdLogs    *logBuffer
-	apiLogs     *logBuffer
+	etcdLogs    *LogBuffer
+	apiLogs     *LogBuffer
 	apiStartups int
 }
 
@@ -142,8 +142,8 @@ func start(t testing.TB, binDir string, opts Options) (_ *Server, err error) {
 		port:     ports[2],
 		URL:      "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2])),
 		EtcdURL:  "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
-		etcdLogs: newLogBuffer("etcd"),
-		apiLogs:  newLogBuffer("kube-apiserver"),
+		etcdLogs: NewLogBuffer("etcd"),
+		apiLogs:  NewLogBuffer("kube-apiserver"),
 	}
 	defer func() {
 		if err != nil {
@@ -463,7 +463,7 @@ func (s *Server) waitAPIServer(p *process) error {
 	}
 }
 
-func exitError(name string, err error, logs *logBuffer) error {
+func exitError(name string, err error, logs *LogBuffer) error {
 	out := logs.String()
 	if strings.Contains(out, "address already in use") {
 		return fmt.Errorf("%s exited (%v): %w", name, err, errPortTaken)
@@ -578,22 +578,24 @@ func requiredVersion(gomod []byte, module string) string {
 	return ""
 }
 
-// process is a started child process whose output goes to a logBuffer.
+// process is a started child process whose output goes to a LogBuffer.
 type process struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
 	err  error         // of Wait, set before done is closed
 }
 
-// The kernel sends Pdeathsig when the OS thread that started a process exits, not when the
-// test binary does, and the netns test bed retires OS threads on purpose. So every process is
-// started from one goroutine that stays locked to its thread for the life of the binary.
+// OnSpawnThread runs fn, which starts a process, on the one OS thread that starts every test
+// process. The kernel sends Pdeathsig when the OS thread that started a process exits, not when
+// the test binary does, and the netns test bed retires OS threads on purpose. So every process
+// (etcd, kube-apiserver, kube-proxy, agents) is started from one goroutine that stays locked
+// to its thread for the life of the binary.
 var (
 	spawnOnce sync.Once
 	spawnReqs chan func()
 )
 
-func onSpawnThread(fn func()) {
+func OnSpawnThread(fn func()) {
 	spawnOnce.Do(func() {
 		spawnReqs = make(chan func())
 		go func() {
@@ -608,13 +610,13 @@ func onSpawnThread(fn func()) {
 	<-done
 }
 
-func startProcess(path string, args []string, logs *logBuffer) (*process, error) {
+func startProcess(path string, args []string, logs *LogBuffer) (*process, error) {
 	cmd := exec.Command(path, args...)
 	cmd.Stdout = logs
 	cmd.Stderr = logs
 	cmd.SysProcAttr = sysProcAttr()
 	var err error
-	onSpawnThread(func() { err = cmd.Start() })
+	OnSpawnThread(func() { err = cmd.Start() })
 	if err != nil {
 		return nil, err
 	}
@@ -652,20 +654,21 @@ func (p *process) stop(timeout time.Duration) {
 	}
 }
 
-// logBuffer keeps the last logLimit bytes written to it, and copies them to stderr when
-// $KUBETEST_VERBOSE is set.
-type logBuffer struct {
+// LogBuffer keeps the last 4 MiB written to it (a process's output), and copies them to stderr
+// when $KUBETEST_VERBOSE is set.
+type LogBuffer struct {
 	name string
 	tee  bool
 	mu   sync.Mutex
 	buf  []byte
 }
 
-func newLogBuffer(name string) *logBuffer {
-	return &logBuffer{name: name, tee: os.Getenv(EnvVerbose) != ""}
+// NewLogBuffer returns a LogBuffer whose copies to stderr are prefixed with name.
+func NewLogBuffer(name string) *LogBuffer {
+	return &LogBuffer{name: name, tee: os.Getenv(EnvVerbose) != ""}
 }
 
-func (b *logBuffer) Write(p []byte) (int, error) {
+func (b *LogBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.tee {
@@ -682,7 +685,7 @@ func (b *logBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (b *logBuffer) String() string {
+func (b *LogBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return string(b.buf)

@@ -622,3 +622,46 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+var backendWrappers struct {
+	sync.Mutex
+	paths map[string]string
+}
+
+// BackendBinary returns a wrapper around the agent binary (AgentBinary) that selects a backend
+// for the agent and render commands (--backend flag; a later --backend on the command line
+// still wins) and pins the iptables variant ($NETWARDEN_IPTABLES_MODE=mode, empty for any), so
+// that every way a test starts the binary uses that backend. Wrappers are made once per
+// process, in a temporary directory.
+func BackendBinary(flag, mode string) (string, error) {
+	bin, err := AgentBinary()
+	if err != nil {
+		return "", err
+	}
+	backendWrappers.Lock()
+	defer backendWrappers.Unlock()
+	key := flag + "/" + mode
+	if p, ok := backendWrappers.paths[key]; ok {
+		return p, nil
+	}
+	dir, err := os.MkdirTemp("", "netwarden-bin-")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "netwarden-"+flag+"-"+mode)
+	script := fmt.Sprintf(`#!/bin/sh
+export NETWARDEN_IPTABLES_MODE=%q
+case "$1" in
+agent|render) cmd=$1; shift; exec %q "$cmd" --backend %q "$@" ;;
+esac
+exec %q "$@"
+`, mode, bin, flag, bin)
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		return "", err
+	}
+	if backendWrappers.paths == nil {
+		backendWrappers.paths = map[string]string{}
+	}
+	backendWrappers.paths[key] = path
+	return path, nil
+}
