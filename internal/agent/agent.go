@@ -87,6 +87,8 @@ type Agent struct {
 	applied atomic.Pointer[policy.Ruleset]
 	// legacy polls the iptables-legacy tables the features keep (see watch.go); nil without.
 	legacy atomic.Pointer[legacyPoller]
+	// ipvs follows kube-proxy's IPVS interface (see ipvs.go).
+	ipvs ipvsWatch
 	guarded
 }
 
@@ -272,6 +274,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.cfg.Policy != nil {
 		a.metrics.backendInfo.WithLabelValues("network-policy", a.cfg.Policy.Name()).Set(1)
+		a.ipvs.watch(ctx, a.log)
 	}
 	if p, ok := a.cfg.Guard.(interface{ Probe() error }); ok {
 		// The guard syncs after the first sync of the rules; what it checks before its first
@@ -347,14 +350,16 @@ func (a *Agent) newPolicyLoop() *syncLoop {
 // which its syncs install.
 func (a *Agent) verifyPolicy(ctx context.Context) error {
 	err := a.cfg.Policy.Verify(ctx)
-	switch {
-	case a.cfg.Guard == nil:
-	case err != nil:
-		// The repair rewrites the guard whole too, without the cost of checking it first:
-		// a repair's latency is an open window.
-		a.cfg.Guard.Invalidate()
-	default:
+	if a.cfg.Guard == nil {
+		return err
+	}
+	// After the rules beside it drifted, the repair rewrites the guard whole without the cost
+	// of checking it first: a repair's latency is an open window.
+	if err == nil {
 		err = a.cfg.Guard.Verify(ctx)
+	}
+	if err != nil {
+		a.cfg.Guard.Invalidate()
 	}
 	return err
 }

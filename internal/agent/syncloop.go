@@ -155,24 +155,29 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 			if pending || repairing || full {
 				break // a full sync is coming anyway
 			}
-			if err := l.verify(ctx); err != nil {
-				l.a.log.Warn(l.repairMsg, "reason", err, "trigger", "another process changed the kernel's tables")
-				l.driftRepairs.Inc()
-				if l.foreignChanges != nil {
-					l.foreignChanges.WithLabelValues(l.feature, "repaired").Inc()
-				}
+			drifted := l.drifted(ctx, "another process changed the kernel's tables")
+			if l.foreignChanges != nil {
+				l.foreignChanges.WithLabelValues(l.feature, map[bool]string{true: "repaired", false: "intact"}[drifted]).Inc()
+			}
+			if drifted {
 				full, pending, repairing = true, true, true
-			} else if l.foreignChanges != nil {
-				l.foreignChanges.WithLabelValues(l.feature, "intact").Inc()
 			}
 		case <-resync.C:
-			if err := l.verify(ctx); err != nil {
-				l.a.log.Warn(l.repairMsg, "reason", err)
-				l.driftRepairs.Inc()
+			if l.drifted(ctx, "resync period") {
 				full, pending, repairing = true, true, true
 			}
 		}
 	}
+}
+
+// drifted runs verify, and logs and counts the drift it finds; trigger says what asked.
+func (l *syncLoop) drifted(ctx context.Context, trigger string) bool {
+	err := l.verify(ctx)
+	if err != nil {
+		l.a.log.Warn(l.repairMsg, "reason", err, "trigger", trigger)
+		l.driftRepairs.Inc()
+	}
+	return err != nil
 }
 
 // syncOnce runs the sync hook for the changes seen so far.

@@ -39,18 +39,14 @@ func (a *Agent) watchKernel(ctx context.Context) {
 	tablesOf := func(parts ...any) []dataplane.KernelTable {
 		var out []dataplane.KernelTable
 		for _, p := range parts {
-			if kt, ok := p.(dataplane.KernelTables); ok && p != nil {
+			if kt, ok := p.(dataplane.KernelTables); ok { // a nil Guard is no KernelTables
 				out = append(out, kt.KernelTables()...)
 			}
 		}
 		return out
 	}
 	if a.policy != nil {
-		parts := []any{a.cfg.Policy}
-		if a.cfg.Guard != nil {
-			parts = append(parts, a.cfg.Guard)
-		}
-		feats = append(feats, watchedFeature{a.policy, tablesOf(parts...)})
+		feats = append(feats, watchedFeature{a.policy, tablesOf(a.cfg.Policy, a.cfg.Guard)})
 	}
 	if a.masq != nil {
 		feats = append(feats, watchedFeature{a.masq.loop, tablesOf(a.cfg.Masquerade.Backend)})

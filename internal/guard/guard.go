@@ -12,6 +12,7 @@ package guard
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 )
@@ -34,11 +35,10 @@ type Guard interface {
 	// Cleanup removes everything the guard installed; absent rules are not an error.
 	Cleanup(ctx context.Context) error
 	// Verify reports how the kernel differs from what the last Sync applied (nil when it
-	// holds it, or when nothing was applied yet). After a difference, the next Sync rewrites
-	// everything.
+	// holds it, or when nothing was applied yet).
 	Verify(ctx context.Context) error
-	// Invalidate makes the next Sync rewrite everything, for a repair that found the rules
-	// beside the guard's changed (whoever changed them may have changed the guard's too).
+	// Invalidate makes the next Sync rewrite everything: for a repair of the guard's rules,
+	// or of the rules beside them (whoever changed those may have changed the guard's too).
 	Invalidate()
 }
 
@@ -46,6 +46,8 @@ type Guard interface {
 type Drift struct{ Reason string }
 
 func (d *Drift) Error() string { return "guard drifted: " + d.Reason }
+
+func drifted(format string, args ...any) error { return &Drift{Reason: fmt.Sprintf(format, args...)} }
 
 func sameRules(a, b *Desired) bool {
 	return a != nil && b != nil && a.DenyMark == b.DenyMark && slices.Equal(a.PodCIDRs, b.PodCIDRs)

@@ -129,14 +129,10 @@ func (g *IPTables) Verify(ctx context.Context) error {
 	if d == nil {
 		return nil
 	}
-	drift := func(format string, args ...any) error {
-		g.applied = nil
-		return &Drift{Reason: fmt.Sprintf(format, args...)}
-	}
 	for _, fam := range xtables.Families {
 		out, err := g.run.Save(ctx, fam, "mangle")
 		if err != nil {
-			return drift("%s", err)
+			return drifted("%s", err)
 		}
 		rules := map[string][]string{}
 		for _, line := range strings.Split(string(out), "\n") {
@@ -150,10 +146,10 @@ func (g *IPTables) Verify(ctx context.Context) error {
 		}
 		for _, c := range []string{IPTablesChain, IPTablesForwardChain} {
 			if !strings.Contains(string(out), "\n:"+c+" ") {
-				return drift("%s mangle chain %s missing", fam, c)
+				return drifted("%s mangle chain %s missing", fam, c)
 			}
 			if !slices.Equal(rules[c], want[c]) {
-				return drift("%s mangle chain %s has %d rules that differ from the %d applied", fam, c, len(rules[c]), len(want[c]))
+				return drifted("%s mangle chain %s has %d rules that differ from the %d applied", fam, c, len(rules[c]), len(want[c]))
 			}
 		}
 		for _, j := range [][2]string{{"PREROUTING", IPTablesChain}, {"FORWARD", IPTablesForwardChain}} {
@@ -164,11 +160,11 @@ func (g *IPTables) Verify(ctx context.Context) error {
 					break
 				}
 				if !strings.HasPrefix(r, "-j NETWARDEN-") {
-					return drift("%s mangle %s has a rule of another component ahead of the jump to %s: %s", fam, j[0], j[1], r)
+					return drifted("%s mangle %s has a rule of another component ahead of the jump to %s: %s", fam, j[0], j[1], r)
 				}
 			}
 			if !found {
-				return drift("%s mangle %s does not jump to %s", fam, j[0], j[1])
+				return drifted("%s mangle %s does not jump to %s", fam, j[0], j[1])
 			}
 		}
 	}
@@ -178,11 +174,11 @@ func (g *IPTables) Verify(ctx context.Context) error {
 			name := ipsetName(kind, fam)
 			got, err := xtables.IPSetMembers(ctx, name)
 			if err != nil {
-				return drift("%s", err)
+				return drifted("%s", err)
 			}
 			slices.Sort(got)
 			if !slices.Equal(got, want) {
-				return drift("ipset %s holds %d members, want %d", name, len(got), len(want))
+				return drifted("ipset %s holds %d members, want %d", name, len(got), len(want))
 			}
 		}
 	}

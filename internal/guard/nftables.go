@@ -202,17 +202,13 @@ func (g *NFTables) Verify(ctx context.Context) error {
 	if d == nil {
 		return nil
 	}
-	drift := func(format string, args ...any) error {
-		g.applied = nil
-		return &Drift{Reason: fmt.Sprintf(format, args...)}
-	}
 	out, err := command.Run(ctx, nil, "nft", "-j", "list", "table", "inet", NFTablesTable)
 	if err != nil {
-		return drift("%s", err)
+		return drifted("%s", err)
 	}
 	l, err := nftjson.Parse(out)
 	if err != nil {
-		return drift("%s", err)
+		return drifted("%s", err)
 	}
 	want := map[string][]string{}
 	for _, r := range wantRules(*d) {
@@ -233,10 +229,10 @@ func (g *NFTables) Verify(ctx context.Context) error {
 	}
 	for _, chain := range []string{"prerouting", "forward"} {
 		if !chains[chain] {
-			return drift("chain %s missing", chain)
+			return drifted("chain %s missing", chain)
 		}
 		if !slices.Equal(got[chain], want[chain]) {
-			return drift("chain %s has rules %q, want %q", chain, got[chain], want[chain])
+			return drifted("chain %s has rules %q, want %q", chain, got[chain], want[chain])
 		}
 	}
 	for _, v6 := range []bool{false, true} {
@@ -250,10 +246,10 @@ func (g *NFTables) Verify(ctx context.Context) error {
 		}
 		slices.Sort(gotKnown)
 		if !slices.Equal(gotKnown, wantKnown) {
-			return drift("set %s holds %d addresses, want %d", knownSet(v6), len(gotKnown), len(wantKnown))
+			return drifted("set %s holds %d addresses, want %d", knownSet(v6), len(gotKnown), len(wantKnown))
 		}
 		if cidrs, ok := elems[cidrSet(v6)]; !ok || len(cidrs) != len(wantCIDRs) {
-			return drift("set %s holds %d prefixes, want %d", cidrSet(v6), len(cidrs), len(wantCIDRs))
+			return drifted("set %s holds %d prefixes, want %d", cidrSet(v6), len(cidrs), len(wantCIDRs))
 		}
 	}
 	return nil
