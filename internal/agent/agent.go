@@ -29,14 +29,24 @@ import (
 type Config struct {
 	NodeName string
 	Source   cluster.Source
-	// Policy is the NetworkPolicy backend; nil disables NetworkPolicy enforcement.
-	Policy policy.Backend
-	// RetireOtherPolicyBackends, when set, removes what other NetworkPolicy backends left in the
-	// kernel (an earlier run on nftables when this one uses iptables, say). It runs after the
-	// first successful sync, so that the old rules judge traffic until the new ones do.
-	RetireOtherPolicyBackends func(context.Context) error
+	// NetworkPolicy configures NetworkPolicy enforcement; nil disables it.
+	NetworkPolicy *NetworkPolicy
 	// Masquerade configures SNAT of pod traffic; nil disables it.
 	Masquerade *Masquerade
+	HealthAddr string
+	// Profiling serves Go's profiles (net/http/pprof) under /debug/pprof/ on HealthAddr, to
+	// find where the agent's CPU time and memory go on a live node.
+	Profiling bool
+	Logger    *slog.Logger
+}
+
+// NetworkPolicy configures the agent's NetworkPolicy feature.
+type NetworkPolicy struct {
+	Backend policy.Backend
+	// RetireOthers, when set, removes what other NetworkPolicy backends (and guards) left in
+	// the kernel (an earlier run on nftables when this one uses iptables, say). It runs after
+	// the first successful sync, so that the old rules judge traffic until the new ones do.
+	RetireOthers func(context.Context) error
 	// ResyncPeriod is how often the kernel is checked for drift and repaired.
 	ResyncPeriod time.Duration
 	// MinSyncInterval coalesces bursts of events into one transaction: when changes came while
@@ -46,17 +56,12 @@ type Config struct {
 	// CompactDelay is how long the rules must have been quiet before a backend's deferred
 	// removals are applied (see dataplane.Compactor).
 	CompactDelay time.Duration
-	HealthAddr   string
-	// Profiling serves Go's profiles (net/http/pprof) under /debug/pprof/ on HealthAddr, to
-	// find where the agent's CPU time and memory go on a live node.
-	Profiling bool
-	Logger    *slog.Logger
 	// DropLog, when set, logs the packets policy drops (see dataplane.DropLog): the backend
 	// adds the log rules and the agent reads the group, one line per denied attempt.
 	DropLog *dataplane.DropLog
-	// PolicyCounters, when set, counts the packets each policy's rules decide and exports
-	// them as netwarden_policy_packets_total (backends that implement dataplane.PolicyCounters).
-	PolicyCounters bool
+	// Counters, when set, counts the packets each policy's rules decide and exports them as
+	// netwarden_policy_packets_total (backends that implement dataplane.PolicyCounters).
+	Counters bool
 
 	// Guard, DenyMark and GateSocket: see guarded.go.
 	Guard      guard.Guard
@@ -67,6 +72,7 @@ type Config struct {
 // Agent keeps the kernel in step with the cluster.
 type Agent struct {
 	cfg         Config
+	np          *NetworkPolicy // cfg.NetworkPolicy
 	log         *slog.Logger
 	compiler    *policy.Compiler
 	metrics     *metrics
@@ -94,36 +100,40 @@ type Agent struct {
 
 // New returns an Agent; call Run or Once.
 func New(cfg Config) *Agent {
-	if cfg.ResyncPeriod <= 0 {
-		cfg.ResyncPeriod = 30 * time.Second
-	}
-	if cfg.CompactDelay <= 0 {
-		cfg.CompactDelay = time.Second
-	}
-	if cfg.MinSyncInterval <= 0 {
-		cfg.MinSyncInterval = 10 * time.Millisecond
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics(), changed: make(chan struct{}, 1)}
+	if np := cfg.NetworkPolicy; np != nil {
+		cp := *np
+		if cp.ResyncPeriod <= 0 {
+			cp.ResyncPeriod = 30 * time.Second
+		}
+		if cp.CompactDelay <= 0 {
+			cp.CompactDelay = time.Second
+		}
+		if cp.MinSyncInterval <= 0 {
+			cp.MinSyncInterval = 10 * time.Millisecond
+		}
+		a.np = &cp
+	}
 	a.flows = newFlowJudge(a)
-	if cfg.Policy != nil {
-		a.status.policy = &FeatureStatus{Backend: cfg.Policy.Name()}
+	if a.np != nil {
+		a.status.policy = &FeatureStatus{Backend: a.np.Backend.Name()}
 		a.policy = a.newPolicyLoop()
+		if dl, ok := a.np.Backend.(dataplane.DropLogger); ok && a.np.DropLog != nil {
+			dl.SetDropLog(a.np.DropLog)
+		}
+		if pc, ok := a.np.Backend.(dataplane.PolicyCounters); ok && a.np.Counters {
+			pc.SetPolicyCounters(true)
+			a.metrics.registry.MustRegister(newPolicyCounterCollector(a, pc))
+		}
+		if a.np.GateSocket != "" {
+			a.gate = newGateState()
+		}
 	}
 	if cfg.Masquerade != nil {
 		a.masq = newMasqLoop(a, cfg.Masquerade)
-	}
-	if dl, ok := cfg.Policy.(dataplane.DropLogger); ok && cfg.DropLog != nil {
-		dl.SetDropLog(cfg.DropLog)
-	}
-	if pc, ok := cfg.Policy.(dataplane.PolicyCounters); ok && cfg.PolicyCounters {
-		pc.SetPolicyCounters(true)
-		a.metrics.registry.MustRegister(newPolicyCounterCollector(a, pc))
-	}
-	if cfg.GateSocket != "" {
-		a.gate = newGateState()
 	}
 	return a
 }
@@ -156,6 +166,17 @@ func (a *Agent) featureReady(flag *atomic.Bool) {
 	}
 }
 
+// featureEntry is one feature's entry on the status board, where its sync loop reports.
+type featureEntry struct {
+	a     *Agent
+	entry **FeatureStatus
+	ready *atomic.Bool
+}
+
+func (e featureEntry) update(fn func(*FeatureStatus)) { e.a.status.update(e.entry, fn) }
+
+func (e featureEntry) becameReady() { e.a.featureReady(e.ready) }
+
 // Ready reports whether the first sync of every enabled feature succeeded.
 func (a *Agent) Ready() bool { return a.ready.Load() && (a.masq == nil || a.masq.ready.Load()) }
 
@@ -187,7 +208,7 @@ func (a *Agent) waitSynced(ctx context.Context, srcErr <-chan error) error {
 // policyApplied records that the kernel holds the NetworkPolicy rules of st.
 func (a *Agent) policyApplied(st *cluster.State) {
 	pending := false
-	if c, ok := a.cfg.Policy.(dataplane.Compactor); ok {
+	if c, ok := a.np.Backend.(dataplane.Compactor); ok {
 		pending = c.CompactionPending()
 	}
 	a.status.update(&a.status.policy, func(fs *FeatureStatus) {
@@ -223,38 +244,27 @@ func (a *Agent) Once(ctx context.Context) error {
 // the kernel holds the rules, and reading 27,000 objects back would cost a cold start half a
 // second at the benchmark's scale. The long-running agent's resync-verify reads back.
 func (a *Agent) policyOnce(ctx context.Context) error {
-	if a.cfg.Policy == nil {
+	if a.np == nil {
 		return nil
 	}
 	st := a.cfg.Source.Snapshot()
 	start := time.Now()
 	rs, stats := a.compiler.Compile(st)
 	compiled := time.Now()
-	res, err := a.cfg.Policy.FullSync(ctx, rs)
+	res, err := a.np.Backend.FullSync(ctx, rs)
 	if err != nil {
 		return err
 	}
-	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
+	a.skipped.report(a.log, a.np.Backend.Name(), res.Skipped)
 	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
-	a.log.Info("synced", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
+	a.log.Info("synced", "backend", a.np.Backend.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", time.Since(compiled).Round(time.Microsecond),
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
 		"clusterPolicies", stats.ClusterPoliciesSelecting)
 	a.applied.Store(rs)
 	a.policyApplied(st)
-	a.retire("network policy", a.cfg.RetireOtherPolicyBackends, ctx)
+	retire(ctx, a.log, a.policy.name, a.np.RetireOthers)
 	return nil
-}
-
-// retire runs a feature's clean-up of other backends' rules; a failure is reported and does not
-// stop the agent, whose own rules are in place.
-func (a *Agent) retire(feature string, fn func(context.Context) error, ctx context.Context) {
-	if fn == nil {
-		return
-	}
-	if err := fn(ctx); err != nil {
-		a.log.Warn("could not remove what another backend left in the kernel", "feature", feature, "err", err)
-	}
 }
 
 // Run syncs until ctx is cancelled. On return the kernel keeps the last applied rules, so an
@@ -272,26 +282,26 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	if a.cfg.Policy != nil {
-		a.metrics.backendInfo.WithLabelValues("network-policy", a.cfg.Policy.Name()).Set(1)
+	if a.np != nil {
+		a.metrics.backendInfo.WithLabelValues("network-policy", a.np.Backend.Name()).Set(1)
 		a.ipvs.watch(ctx, a.log)
 	}
-	if p, ok := a.cfg.Guard.(interface{ Probe() error }); ok {
+	if p, ok := a.guard().(guard.Prober); ok {
 		// The guard syncs after the first sync of the rules; what it checks before its first
 		// use, it checks now, beside the load of the cluster state. A failure is its first
 		// Sync's to report.
 		go func() { _ = p.Probe() }()
 	}
-	if a.cfg.DropLog != nil && a.cfg.Policy != nil {
+	if a.np != nil && a.np.DropLog != nil {
 		// Before the first sync, so that no logged drop goes unread and a group another
 		// process holds stops the agent with a clear error.
-		d, err := openDropLog(a, a.cfg.DropLog)
+		d, err := openDropLog(a, a.np.DropLog)
 		if err != nil {
 			return fmt.Errorf("--log-drops: %w", err)
 		}
 		a.drops = d
 		go d.run(ctx)
-		a.log.Info("logging drops", "nflogGroup", a.cfg.DropLog.Group, "rate", a.cfg.DropLog.Rate, "burst", a.cfg.DropLog.Burst)
+		a.log.Info("logging drops", "nflogGroup", a.np.DropLog.Group, "rate", a.np.DropLog.Rate, "burst", a.np.DropLog.Burst)
 	}
 	srcErr := a.startSource(ctx)
 	if err := a.waitSynced(ctx, srcErr); err != nil {
@@ -310,7 +320,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.masq != nil {
 		go func() { loops <- a.masq.run(ctx) }()
 	}
-	if a.cfg.Policy == nil {
+	if a.np == nil {
 		a.featureReady(&a.ready)
 	} else {
 		go a.flows.run(ctx)
@@ -332,34 +342,49 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // newPolicyLoop returns the loop that keeps the NetworkPolicy rules in step with the state.
 func (a *Agent) newPolicyLoop() *syncLoop {
-	compactor, _ := a.cfg.Policy.(dataplane.Compactor)
-	return &syncLoop{
-		a: a, feature: "network policy", backend: a.cfg.Policy.Name(), status: &a.status.policy,
-		ready: &a.ready, retireOthers: a.cfg.RetireOtherPolicyBackends,
-		sync: a.syncOnce, verify: a.verifyPolicy,
-		minInterval: a.cfg.MinSyncInterval, resyncEvery: func() time.Duration { return a.cfg.ResyncPeriod },
-		compactor: compactor, compactDelay: a.cfg.CompactDelay,
-		// The error counter is created here so that it is exported as 0 from the start.
-		syncErrors: a.metrics.syncErrors.WithLabelValues(a.cfg.Policy.Name()), driftRepairs: a.metrics.driftRepairs,
+	compactor, _ := a.np.Backend.(dataplane.Compactor)
+	return newSyncLoop(&syncLoop{
+		feature: policyFeature{a}, status: featureEntry{a, &a.status.policy, &a.ready}, log: a.log,
+		name: "network policy", backend: a.np.Backend.Name(), metrics: a.metrics.loopMetrics(a.metrics.policy, a.np.Backend.Name()),
+		retireOthers: a.np.RetireOthers, written: a.kernelWritten,
+		minInterval: a.np.MinSyncInterval, compactor: compactor, compactDelay: a.np.CompactDelay,
 		failedMsg: "sync failed; the kernel keeps the last applied rules", repairMsg: "repairing kernel state",
-		trigger: make(chan struct{}, 1), check: make(chan struct{}, 1), foreignChanges: a.metrics.foreignChanges,
+	})
+}
+
+// policyFeature is the NetworkPolicy feature as its sync loop sees it.
+type policyFeature struct{ a *Agent }
+
+func (f policyFeature) sync(ctx context.Context, full bool, seen time.Time) error {
+	return f.a.syncOnce(ctx, full, seen)
+}
+
+func (f policyFeature) verify(ctx context.Context) error { return f.a.verifyPolicy(ctx) }
+
+func (f policyFeature) resyncEvery() time.Duration { return f.a.np.ResyncPeriod }
+
+// guard is the NetworkPolicy feature's guard, nil without one.
+func (a *Agent) guard() guard.Guard {
+	if a.np == nil {
+		return nil
 	}
+	return a.np.Guard
 }
 
 // verifyPolicy is the NetworkPolicy loop's verify: the backend's rules, and the guard's,
 // which its syncs install.
 func (a *Agent) verifyPolicy(ctx context.Context) error {
-	err := a.cfg.Policy.Verify(ctx)
-	if a.cfg.Guard == nil {
+	err := a.np.Backend.Verify(ctx)
+	if a.np.Guard == nil {
 		return err
 	}
 	// After the rules beside it drifted, the repair rewrites the guard whole without the cost
 	// of checking it first: a repair's latency is an open window.
 	if err == nil {
-		err = a.cfg.Guard.Verify(ctx)
+		err = a.np.Guard.Verify(ctx)
 	}
 	if err != nil {
-		a.cfg.Guard.Invalidate()
+		a.np.Guard.Invalidate()
 	}
 	return err
 }
@@ -380,7 +405,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 		a.unchangedSync()
 		a.policyApplied(st)
 		a.flows.submit(a.applied.Load(), st.Generation, false, false)
-		a.log.Debug("no change", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "objectsChanged", false)
+		a.log.Debug("no change", "backend", a.np.Backend.Name(), "generation", st.Generation, "objectsChanged", false)
 		return nil
 	}
 	a.inSync = false
@@ -389,9 +414,9 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	var res dataplane.SyncResult
 	var err error
 	if full {
-		res, err = a.cfg.Policy.FullSync(ctx, rs)
+		res, err = a.np.Backend.FullSync(ctx, rs)
 	} else {
-		res, err = a.cfg.Policy.Sync(ctx, rs)
+		res, err = a.np.Backend.Sync(ctx, rs)
 	}
 	if err != nil {
 		return err
@@ -403,13 +428,10 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	}
 	a.inSync = true
 	a.applied.Store(rs)
-	a.metrics.observeSync(a.cfg.Policy.Name(), res, stats, time.Since(start).Seconds())
-	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
+	a.metrics.observeSync(a.np.Backend.Name(), res, stats, start, seen)
+	a.skipped.report(a.log, a.np.Backend.Name(), res.Skipped)
 	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
-	if !seen.IsZero() {
-		a.metrics.programLatency.Observe(time.Since(seen).Seconds())
-	}
-	attrs := []any{"backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
+	attrs := []any{"backend", a.np.Backend.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", applied.Sub(compiled).Round(time.Microsecond),
 		"guard", time.Since(applied).Round(time.Microsecond),
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,

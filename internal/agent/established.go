@@ -59,7 +59,7 @@ type flowJudge struct {
 }
 
 func newFlowJudge(a *Agent) *flowJudge {
-	j := &flowJudge{a: a, enabled: a.cfg.Guard != nil && a.cfg.DenyMark != 0, wake: make(chan struct{}, 1)}
+	j := &flowJudge{a: a, enabled: a.guard() != nil && a.np.DenyMark != 0, wake: make(chan struct{}, 1)}
 	j.judge = j.pass
 	return j
 }
@@ -162,7 +162,7 @@ func (j *flowJudge) published(gen uint64, err error) {
 // deny bit) with rs, and sets or clears the deny bit where the verdict differs. It reports
 // whether some entry carries the bit afterwards.
 func (j *flowJudge) pass(rs *policy.Ruleset) (anyMarked bool, err error) {
-	mask := j.a.cfg.DenyMark
+	mask := j.a.np.DenyMark
 	j.mu.Lock()
 	wasMarked := j.anyMarked
 	j.mu.Unlock()

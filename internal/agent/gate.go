@@ -203,7 +203,7 @@ func (g *gateState) allKnown(ips []netip.Addr) bool {
 
 // serveGate answers the netwarden-gate plugin on a unix socket until ctx is done.
 func (a *Agent) serveGate(ctx context.Context) error {
-	path := a.cfg.GateSocket
+	path := a.np.GateSocket
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("--gate-socket %s: %w", path, err)
 	}

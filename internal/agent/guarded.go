@@ -39,14 +39,14 @@ func (a *Agent) unchangedSync() {
 // established flows after the loop moves on (a new pod has no flows to judge, and its start
 // should not wait for a conntrack walk). A failure fails the sync, so it is retried whole.
 func (a *Agent) afterSync(ctx context.Context, st *cluster.State, rs *policy.Ruleset, res dataplane.SyncResult) (narrowed bool, err error) {
-	if a.cfg.Guard == nil {
+	if a.np.Guard == nil {
 		return false, nil
 	}
-	d := guard.Desired{DenyMark: a.cfg.DenyMark}
+	d := guard.Desired{DenyMark: a.np.DenyMark}
 	if a.gate != nil {
 		d.PodCIDRs, d.Known = a.gate.guardInputs(st, a.cfg.NodeName, a.log)
 	}
-	if err := a.cfg.Guard.Sync(ctx, d); err != nil {
+	if err := a.np.Guard.Sync(ctx, d); err != nil {
 		return false, err
 	}
 	if a.gate != nil {

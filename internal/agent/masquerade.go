@@ -45,25 +45,15 @@ type masqLoop struct {
 }
 
 type masqMetrics struct {
-	syncDuration *prometheus.HistogramVec
-	syncErrors   *prometheus.CounterVec
+	featureMetrics
 	configErrors prometheus.Counter
 	configValid  prometheus.Gauge
-	driftRepairs prometheus.Counter
 	ranges       *prometheus.GaugeVec
-	latency      prometheus.Histogram
 }
 
 func newMasqLoop(a *Agent, cfg *Masquerade) *masqLoop {
 	m := &masqMetrics{
-		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "netwarden_masquerade_sync_duration_seconds", Buckets: latencyBuckets,
-			Help: "Time to apply a masquerade change to the kernel, by backend and by full or partial sync.",
-		}, []string{"backend", "sync"}),
-		syncErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "netwarden_masquerade_sync_errors_total",
-			Help: "Masquerade syncs that failed; the kernel kept the last applied rules.",
-		}, []string{"backend"}),
+		featureMetrics: newFeatureMetrics(a.metrics.registry, "netwarden_masquerade_", "masquerade", "a Node or config change"),
 		configErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "netwarden_masquerade_config_errors_total",
 			Help: "Loads of the masquerade config file that failed; the last good config stayed in effect.",
@@ -72,34 +62,23 @@ func newMasqLoop(a *Agent, cfg *Masquerade) *masqLoop {
 			Name: "netwarden_masquerade_config_valid",
 			Help: "1 when the masquerade config file as it is now is in effect, 0 when it is invalid.",
 		}),
-		driftRepairs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "netwarden_masquerade_drift_repairs_total",
-			Help: "Times the masquerade rules were found changed by someone else and restored.",
-		}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "netwarden_masquerade_programming_latency_seconds", Buckets: latencyBuckets,
-			Help: "Time from a Node or config change being seen to the kernel holding the masquerade rules for it.",
-		}),
 		ranges: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "netwarden_masquerade_ranges",
 			Help: "Address ranges in the masquerade sets, by set (sources, non-masquerade destinations) and family.",
 		}, []string{"set", "family"}),
 	}
-	a.metrics.registry.MustRegister(m.syncDuration, m.syncErrors, m.configErrors, m.configValid, m.driftRepairs, m.ranges, m.latency)
+	a.metrics.registry.MustRegister(m.configErrors, m.configValid, m.ranges)
 	a.metrics.backendInfo.WithLabelValues("masquerade", cfg.Backend.Name()).Set(1)
 	a.status.masq = &FeatureStatus{Backend: cfg.Backend.Name()}
 	l := &masqLoop{a: a, cfg: cfg, metrics: m}
-	l.loop = &syncLoop{
-		a: a, feature: "masquerade", backend: cfg.Backend.Name(), status: &a.status.masq,
-		ready: &l.ready, retireOthers: cfg.RetireOthers,
-		sync: l.sync, verify: l.verify, resyncEvery: l.resyncEvery,
+	l.loop = newSyncLoop(&syncLoop{
+		feature: l, status: featureEntry{a, &a.status.masq, &l.ready}, log: a.log,
+		name: "masquerade", backend: cfg.Backend.Name(), metrics: a.metrics.loopMetrics(m.featureMetrics, cfg.Backend.Name()),
+		retireOthers: cfg.RetireOthers, written: a.kernelWritten,
 		// minInterval stays 0, no coalescing delay: computing from the Nodes is cheap, and a
 		// sync whose outcome equals the last one sends nothing.
-		// The error counter is created here so that it is exported as 0 from the start.
-		syncErrors: m.syncErrors.WithLabelValues(cfg.Backend.Name()), driftRepairs: m.driftRepairs,
 		failedMsg: "masquerade sync failed; the kernel keeps the last applied rules", repairMsg: "restoring masquerade rules",
-		trigger: make(chan struct{}, 1), check: make(chan struct{}, 1), foreignChanges: a.metrics.foreignChanges,
-	}
+	})
 	return l
 }
 
@@ -180,13 +159,13 @@ func (l *masqLoop) once(ctx context.Context) error {
 	// (as for the NetworkPolicy rules of --once, see policyOnce); its read-back would only
 	// slow the NetworkPolicy transaction beside it. iptables takes several steps, between
 	// which someone else may change the rules: those are read back.
-	if _, atomic := l.cfg.Backend.(*masquerade.NFTables); !atomic {
+	if _, atomic := l.cfg.Backend.(dataplane.AtomicFullSync); !atomic {
 		if err := l.cfg.Backend.Verify(ctx); err != nil {
 			return fmt.Errorf("kernel does not hold the desired masquerade state after sync: %w", err)
 		}
 	}
 	l.applied(in, nil)
-	l.a.retire("masquerade", l.cfg.RetireOthers, ctx)
+	retire(ctx, l.a.log, l.loop.name, l.cfg.RetireOthers)
 	return nil
 }
 
@@ -249,14 +228,7 @@ func (l *masqLoop) sync(ctx context.Context, full bool, seen time.Time) error {
 		return err
 	}
 	l.last = d
-	if !seen.IsZero() {
-		l.metrics.latency.Observe(time.Since(seen).Seconds())
-	}
-	kind := "partial"
-	if res.Full {
-		kind = "full"
-	}
-	l.metrics.syncDuration.WithLabelValues(l.cfg.Backend.Name(), kind).Observe(time.Since(start).Seconds())
+	l.metrics.observe(l.cfg.Backend.Name(), res.Full, start, seen)
 	for fam, name := range []string{"ipv4", "ipv6"} {
 		l.metrics.ranges.WithLabelValues("sources", name).Set(float64(len(d.Sources[fam])))
 		l.metrics.ranges.WithLabelValues("non-masquerade", name).Set(float64(len(d.NoMasquerade[fam])))

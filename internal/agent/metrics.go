@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -11,11 +13,9 @@ import (
 // metrics are the agent's Prometheus metrics, on a registry of its own so that tests can run
 // several agents in one process.
 type metrics struct {
-	registry        *prometheus.Registry
-	syncDuration    *prometheus.HistogramVec
-	programLatency  prometheus.Histogram
-	syncErrors      *prometheus.CounterVec
-	driftRepairs    prometheus.Counter
+	registry *prometheus.Registry
+	// policy are the NetworkPolicy loop's metrics, named as before the masquerade feature came.
+	policy          featureMetrics
 	compactions     prometheus.Counter
 	kernelObjects   *prometheus.GaugeVec
 	backendInfo     *prometheus.GaugeVec
@@ -45,22 +45,6 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
 func newMetrics() *metrics {
 	m := &metrics{
 		registry: prometheus.NewRegistry(),
-		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "netwarden_sync_duration_seconds", Buckets: latencyBuckets,
-			Help: "Time to compile the desired rules and apply them to the kernel, by backend and by full or partial sync.",
-		}, []string{"backend", "sync"}),
-		programLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "netwarden_programming_latency_seconds", Buckets: latencyBuckets,
-			Help: "Time from a change of cluster state being seen to the kernel holding it.",
-		}),
-		syncErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "netwarden_sync_errors_total",
-			Help: "Syncs that failed; the kernel kept the last applied rules.",
-		}, []string{"backend"}),
-		driftRepairs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "netwarden_drift_repairs_total",
-			Help: "Times the kernel state was found changed by someone else and replaced.",
-		}),
 		compactions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "netwarden_compactions_total",
 			Help: "Times removals that changes deferred (iptables-nft) were applied once the rules were quiet.",
@@ -111,7 +95,8 @@ func newMetrics() *metrics {
 		Help: "1 while the NetworkPolicy feature refuses to enforce for the reason given (kube-proxy-ipvs: kube-proxy's IPVS mode delivers Service traffic past the hooks policy is judged in); every sync fails with that reason until it is gone.",
 	}, []string{"reason"})
 	m.registry.MustRegister(m.foreignChanges, m.enforcementRefused)
-	m.registry.MustRegister(m.appliedGeneration, m.establishedErrors, m.syncDuration, m.programLatency, m.syncErrors, m.driftRepairs, m.compactions, m.kernelObjects,
+	m.policy = newFeatureMetrics(m.registry, "netwarden_", "NetworkPolicy", "a change of cluster state")
+	m.registry.MustRegister(m.appliedGeneration, m.establishedErrors, m.compactions, m.kernelObjects,
 		m.backendInfo, m.localPods, m.selectedPods, m.policiesApplied, m.clusterPolicies, m.policiesSkipped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.droppedPackets = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -127,12 +112,70 @@ func newMetrics() *metrics {
 
 func (m *metrics) registerDropLog() { m.registry.MustRegister(m.droppedPackets, m.dropLogLost) }
 
-func (m *metrics) observeSync(backend string, res dataplane.SyncResult, stats policy.Stats, seconds float64) {
+// featureMetrics are the metrics every feature's sync has, under the feature's name prefix.
+type featureMetrics struct {
+	syncDuration *prometheus.HistogramVec
+	latency      prometheus.Histogram
+	syncErrors   *prometheus.CounterVec
+	driftRepairs prometheus.Counter
+}
+
+// newFeatureMetrics registers a feature's sync metrics: prefix+"sync_duration_seconds" and the
+// others; rules names the feature's rules and change what changes them, for the help texts.
+func newFeatureMetrics(reg *prometheus.Registry, prefix, rules, change string) featureMetrics {
+	m := featureMetrics{
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: prefix + "sync_duration_seconds", Buckets: latencyBuckets,
+			Help: "Time to compute the desired " + rules + " rules and apply them to the kernel, by backend and by full or partial sync.",
+		}, []string{"backend", "sync"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: prefix + "programming_latency_seconds", Buckets: latencyBuckets,
+			Help: "Time from " + change + " being seen to the kernel holding the " + rules + " rules for it.",
+		}),
+		syncErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: prefix + "sync_errors_total",
+			Help: rules + " syncs that failed; the kernel kept the last applied rules.",
+		}, []string{"backend"}),
+		driftRepairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: prefix + "drift_repairs_total",
+			Help: "Times the " + rules + " rules were found changed by someone else and restored.",
+		}),
+	}
+	reg.MustRegister(m.syncDuration, m.latency, m.syncErrors, m.driftRepairs)
+	return m
+}
+
+// observe records a successful sync that began at start, for changes first seen at seen (zero
+// when none).
+func (m featureMetrics) observe(backend string, full bool, start, seen time.Time) {
 	kind := "partial"
-	if res.Full {
+	if full {
 		kind = "full"
 	}
-	m.syncDuration.WithLabelValues(backend, kind).Observe(seconds)
+	m.syncDuration.WithLabelValues(backend, kind).Observe(time.Since(start).Seconds())
+	if !seen.IsZero() {
+		m.latency.Observe(time.Since(seen).Seconds())
+	}
+}
+
+// loopMetrics are what a sync loop counts itself.
+type loopMetrics struct {
+	syncErrors, driftRepairs prometheus.Counter
+	// compactions counts the applied deferred removals (NetworkPolicy's only, so unlabelled).
+	compactions prometheus.Counter
+	// foreignChanges counts other processes' commits to the feature's tables, by outcome.
+	foreignChanges *prometheus.CounterVec
+}
+
+// loopMetrics returns the metrics of the loop of a feature whose sync metrics are fm.
+func (m *metrics) loopMetrics(fm featureMetrics, backend string) loopMetrics {
+	// The error counter is created here so that it is exported as 0 from the start.
+	return loopMetrics{syncErrors: fm.syncErrors.WithLabelValues(backend), driftRepairs: fm.driftRepairs,
+		compactions: m.compactions, foreignChanges: m.foreignChanges}
+}
+
+func (m *metrics) observeSync(backend string, res dataplane.SyncResult, stats policy.Stats, start, seen time.Time) {
+	m.policy.observe(backend, res.Full, start, seen)
 	m.kernelObjects.WithLabelValues(backend, "chains").Set(float64(res.Size.Chains))
 	m.kernelObjects.WithLabelValues(backend, "rules").Set(float64(res.Size.Rules))
 	m.kernelObjects.WithLabelValues(backend, "sets").Set(float64(res.Size.Sets))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
 )
@@ -32,88 +33,173 @@ func (c *fakeCompactor) Compact(context.Context) (dataplane.SyncResult, error) {
 	return dataplane.SyncResult{Operations: 1}, nil
 }
 
-// TestSyncLoop walks the loop both features share through its cases: a failed first sync is
-// retried whole and the feature is ready (other backends retired once) when one succeeds;
-// drift is repaired with a full sync and counted once restored; deferred removals are
-// compacted; a sync with nothing to apply is neither retried nor counted as failed; and an
-// error from stop ends the loop.
+// scriptedFeature is a loopFeature whose syncs the test answers one by one.
+type scriptedFeature struct {
+	clock   *testingclock.FakeClock
+	syncs   chan syncCall
+	results chan error
+	// idle receives after each sync once the loop has set its timers and goes back to waiting:
+	// resyncEvery is the last thing it asks before it waits.
+	idle   chan struct{}
+	synced atomic.Bool // a sync ran since the last idle
+	drift  atomic.Bool
+}
+
+type syncCall struct {
+	full bool
+	at   time.Time // the loop's clock when the sync began
+}
+
+func newScriptedFeature(c *testingclock.FakeClock) *scriptedFeature {
+	return &scriptedFeature{clock: c, syncs: make(chan syncCall), results: make(chan error), idle: make(chan struct{}, 1)}
+}
+
+func (f *scriptedFeature) sync(_ context.Context, full bool, _ time.Time) error {
+	f.syncs <- syncCall{full, f.clock.Now()}
+	f.synced.Store(true)
+	return <-f.results
+}
+
+func (f *scriptedFeature) verify(context.Context) error {
+	if f.drift.Swap(false) {
+		return errors.New("rules changed")
+	}
+	return nil
+}
+
+func (f *scriptedFeature) resyncEvery() time.Duration {
+	if f.synced.Swap(false) {
+		f.idle <- struct{}{}
+	}
+	return time.Minute
+}
+
+// next waits for the loop's next sync (no timer needs to fire for it to come).
+func (f *scriptedFeature) next(t *testing.T) syncCall {
+	t.Helper()
+	select {
+	case c := <-f.syncs:
+		return c
+	case <-time.After(10 * time.Second):
+		t.Fatal("no sync")
+	}
+	return syncCall{}
+}
+
+// answer has the sync return err and waits until the loop waits again.
+func (f *scriptedFeature) answer(t *testing.T, err error) {
+	t.Helper()
+	f.results <- err
+	select {
+	case <-f.idle:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop did not go back to waiting")
+	}
+}
+
+// testStatus is a statusSink that keeps what the loop reports.
+type testStatus struct {
+	fs    FeatureStatus
+	ready int
+}
+
+func (s *testStatus) update(fn func(*FeatureStatus)) { fn(&s.fs) }
+func (s *testStatus) becameReady()                   { s.ready++ }
+
+// TestSyncLoop walks the loop both features share through its cases on a fake clock: a failed
+// first sync is retried whole after the backoff and the feature is ready (other backends
+// retired once) when one succeeds; drift found at the resync is repaired with a full sync and
+// counted once restored; deferred removals are compacted once quiet; a sync with nothing to
+// apply is neither retried nor counted as failed; and an error from stop ends the loop.
 func TestSyncLoop(t *testing.T) {
 	var logs bytes.Buffer
-	a := New(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	a.status.policy = &FeatureStatus{}
-	fulls, results := make(chan bool), make(chan error)
-	var drift atomic.Bool
-	var ready atomic.Bool
+	clk := testingclock.NewFakeClock(time.Unix(1_000_000, 0))
+	f := newScriptedFeature(clk)
+	status := &testStatus{}
 	retired := 0
 	compactor := &fakeCompactor{}
-	syncErrors, driftRepairs := &counter{}, &counter{}
-	l := &syncLoop{
-		a: a, feature: "test", backend: "fake", status: &a.status.policy,
-		ready: &ready, retireOthers: func(context.Context) error { retired++; return nil },
-		sync: func(_ context.Context, full bool, _ time.Time) error {
-			fulls <- full
-			return <-results
-		},
-		verify: func(context.Context) error {
-			if drift.Swap(false) {
-				return errors.New("rules changed")
-			}
-			return nil
-		},
-		resyncEvery: func() time.Duration { return 5 * time.Millisecond },
-		compactor:   compactor, compactDelay: time.Millisecond,
-		syncErrors: syncErrors, driftRepairs: driftRepairs,
+	syncErrors, driftRepairs, compactions := &counter{}, &counter{}, &counter{}
+	l := newSyncLoop(&syncLoop{
+		feature: f, status: status, log: slog.New(slog.NewTextHandler(&logs, nil)), clock: clk,
+		name: "test", backend: "fake",
+		metrics: loopMetrics{syncErrors: syncErrors, driftRepairs: driftRepairs, compactions: compactions,
+			foreignChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"feature", "outcome"})},
+		retireOthers: func(context.Context) error { retired++; return nil },
+		compactor:    compactor, compactDelay: time.Second,
 		failedMsg: "test sync failed", repairMsg: "test repairing",
-		trigger: make(chan struct{}, 1),
-	}
+	})
 	stop := make(chan error, 1)
 	done := make(chan error, 1)
 	go func() { done <- l.run(context.Background(), stop) }()
 
-	// step waits for the loop's next sync, checks whether it is full, and has it return err.
-	step := func(wantFull bool, err error) {
+	// waiters checks the timers the loop waits on besides its resync ticker.
+	waiters := func(want int, what string) {
 		t.Helper()
-		select {
-		case full := <-fulls:
-			if full != wantFull {
-				t.Fatalf("sync full=%v, want %v", full, wantFull)
-			}
-			results <- err
-		case <-time.After(5 * time.Second):
-			t.Fatal("no sync")
+		if got := clk.Waiters() - 1; got != want {
+			t.Fatalf("%s: the loop waits on %d timers besides the resync, want %d", what, got, want)
 		}
 	}
-	step(true, errors.New("kernel said no"))
-	step(true, nil)
-	drift.Store(true)
+	if c := f.next(t); !c.full {
+		t.Fatal("the first sync is not full")
+	}
+	f.answer(t, errors.New("kernel said no"))
+	waiters(1, "after a failed sync") // the retry
+	if status.ready != 0 || status.fs.LastError != "kernel said no" {
+		t.Fatalf("after a failed first sync: ready %d, status %+v", status.ready, status.fs)
+	}
+	clk.Step(99 * time.Millisecond)
+	waiters(1, "before the backoff ran out")
+	clk.Step(time.Millisecond)
+	if c := f.next(t); !c.full {
+		t.Fatal("the retry of a failed first sync is not full")
+	}
+	f.answer(t, nil)
+	waiters(0, "after a successful sync")
+	if status.ready != 1 || retired != 1 {
+		t.Fatalf("ready %d times, other backends retired %d times; want once each", status.ready, retired)
+	}
+
+	// Drift, found at the resync, with removals left to compact by the repair.
+	f.drift.Store(true)
 	compactor.pending.Store(true)
-	step(true, nil)
-	l.notify()
-	step(false, errIdle)
-	select {
-	case <-fulls:
-		t.Fatal("a sync with nothing to apply was retried")
-	case <-time.After(300 * time.Millisecond):
+	clk.Step(time.Minute)
+	if c := f.next(t); !c.full {
+		t.Fatal("the repair of drift is not a full sync")
 	}
-	if compactor.pending.Load() {
-		t.Error("deferred removals were not compacted")
+	f.answer(t, nil)
+	waiters(1, "after a sync that left removals") // the compaction
+	if status.fs.Repairs != 1 || !status.fs.CompactionPending {
+		t.Fatalf("status %+v, want 1 repair and compaction pending", status.fs)
+	}
+	clk.Step(time.Second)
+	// The compaction runs in the loop; a change after it shows that it is done.
+	l.notify()
+	if c := f.next(t); c.full {
+		t.Fatal("a change after a repair was synced whole")
+	}
+	f.answer(t, errIdle)
+	waiters(0, "after a sync with nothing to apply") // no retry
+	if compactor.pending.Load() || status.fs.CompactionPending {
+		t.Errorf("deferred removals were not compacted (status %+v)", status.fs)
 	}
 	l.notify()
-	step(false, nil)
+	if c := f.next(t); c.full {
+		t.Fatal("a change was synced whole")
+	}
+	f.answer(t, nil)
 	stop <- errors.New("watch failed")
 	if err := <-done; err == nil || err.Error() != "watch failed" {
 		t.Fatalf("run returned %v, want the error from stop", err)
 	}
 
-	if !ready.Load() || retired != 1 {
-		t.Errorf("ready %v, other backends retired %d times; want ready, once", ready.Load(), retired)
+	if status.ready != 1 || retired != 1 {
+		t.Errorf("ready %d times, other backends retired %d times; want once each", status.ready, retired)
 	}
-	st := a.status.policy
-	if st.Repairs != 1 || st.LastError != "kernel said no" || st.CompactionPending {
-		t.Errorf("status %+v, want 1 repair, the failure as LastError, no compaction pending", st)
+	if status.fs.Repairs != 1 || status.fs.LastError != "kernel said no" || status.fs.CompactionPending {
+		t.Errorf("status %+v, want 1 repair, the failure as LastError, no compaction pending", status.fs)
 	}
-	if syncErrors.n.Load() != 1 || driftRepairs.n.Load() != 1 {
-		t.Errorf("%d sync errors, %d drift repairs; want 1 each", syncErrors.n.Load(), driftRepairs.n.Load())
+	if syncErrors.n.Load() != 1 || driftRepairs.n.Load() != 1 || compactions.n.Load() != 1 {
+		t.Errorf("%d sync errors, %d drift repairs, %d compactions; want 1 each", syncErrors.n.Load(), driftRepairs.n.Load(), compactions.n.Load())
 	}
 	for _, want := range []string{`msg="test sync failed"`, `msg="test repairing"`, `msg="compacted:`} {
 		if !strings.Contains(logs.String(), want) {
@@ -126,49 +212,32 @@ func TestSyncLoop(t *testing.T) {
 // right after a sync; changes that come while a sync runs wait out minInterval, so that a
 // burst goes into few transactions.
 func TestSyncLoopCoalescesOnlyBursts(t *testing.T) {
-	a := New(Config{Logger: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))})
-	a.status.policy = &FeatureStatus{}
-	const minInterval, syncTime = 400 * time.Millisecond, 50 * time.Millisecond
-	starts := make(chan time.Time, 10)
-	var ready atomic.Bool
-	l := &syncLoop{
-		a: a, feature: "test", backend: "fake", status: &a.status.policy, ready: &ready,
-		sync: func(context.Context, bool, time.Time) error {
-			starts <- time.Now()
-			time.Sleep(syncTime)
-			return nil
-		},
-		verify:      func(context.Context) error { return nil },
-		minInterval: minInterval, resyncEvery: func() time.Duration { return time.Hour },
-		syncErrors: &counter{}, driftRepairs: &counter{}, trigger: make(chan struct{}, 1),
-	}
+	const minInterval = 400 * time.Millisecond
+	clk := testingclock.NewFakeClock(time.Unix(1_000_000, 0))
+	f := newScriptedFeature(clk)
+	l := newSyncLoop(&syncLoop{
+		feature: f, status: &testStatus{}, log: slog.New(slog.DiscardHandler), clock: clk,
+		name: "test", backend: "fake", minInterval: minInterval,
+		metrics: loopMetrics{syncErrors: &counter{}, driftRepairs: &counter{}},
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = l.run(ctx, nil) }()
-	next := func() time.Time {
-		t.Helper()
-		select {
-		case s := <-starts:
-			return s
-		case <-time.After(5 * time.Second):
-			t.Fatal("no sync")
-		}
-		return time.Time{}
-	}
-	first := next() // the initial full sync
-	time.Sleep(syncTime + 20*time.Millisecond)
+
+	first := f.next(t) // the initial full sync
+	f.answer(t, nil)
 	// Idle: the loop finished the first sync; this change must not wait for minInterval.
-	notified := time.Now()
 	l.notify()
-	second := next()
-	if d := second.Sub(notified); d > minInterval/2 {
-		t.Fatalf("a change on an idle loop waited %v (%v after the sync before)", d, second.Sub(first))
+	second := f.next(t)
+	if d := second.at.Sub(first.at); d != 0 {
+		t.Fatalf("a change on an idle loop waited %v", d)
 	}
 	// A burst: a change arrives while the sync it caused runs; the next sync waits.
-	time.Sleep(syncTime / 2)
 	l.notify()
-	third := next()
-	if d := third.Sub(second); d < minInterval {
+	f.answer(t, nil)
+	third := f.next(t)
+	if d := third.at.Sub(second.at); d < minInterval {
 		t.Fatalf("a change that came during a sync was synced %v after it began, want at least %v", d, minInterval)
 	}
+	f.results <- nil
 }

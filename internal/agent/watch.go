@@ -46,7 +46,7 @@ func (a *Agent) watchKernel(ctx context.Context) {
 		return out
 	}
 	if a.policy != nil {
-		feats = append(feats, watchedFeature{a.policy, tablesOf(a.cfg.Policy, a.cfg.Guard)})
+		feats = append(feats, watchedFeature{a.policy, tablesOf(a.np.Backend, a.np.Guard)})
 	}
 	if a.masq != nil {
 		feats = append(feats, watchedFeature{a.masq.loop, tablesOf(a.cfg.Masquerade.Backend)})

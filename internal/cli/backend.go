@@ -7,26 +7,142 @@ import (
 	"sync"
 
 	"github.com/netwarden/netwarden/internal/backendchoice"
+	"github.com/netwarden/netwarden/internal/guard"
 	"github.com/netwarden/netwarden/internal/iptables"
+	"github.com/netwarden/netwarden/internal/masquerade"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 
-// policyBackend opens the NetworkPolicy backend for --backend (auto, nftables or iptables),
-// chosen as backendchoice says. The caller logs the choice with the backend's Name(), which
-// says the iptables variant too.
-func policyBackend(ctx context.Context, name string) (policy.Backend, error) {
-	b, _, err := backendchoice.Open(ctx, name, func(ctx context.Context, k backendchoice.Kind) (policy.Backend, error) {
-		if mode, ok := k.IPTablesMode(); ok {
-			return iptables.New(ctx, mode)
+// A feature's rules in the kernel, as one kind of backend keeps them.
+type feature int
+
+const (
+	networkPolicyRules feature = iota
+	guardRules
+	masqueradeRules
+)
+
+// kindBackends is what each feature's backend of one kind the chooser picks does to be opened
+// and to remove what it left in the kernel. Every feature is cleaned up, and every backend
+// other than the chosen one retired, through this one table.
+type kindBackends struct {
+	policy     func(context.Context) (policy.Backend, error)
+	masquerade func(context.Context) (masquerade.Backend, error)
+	guard      func() guard.Guard
+	// leftovers removes the rules a feature's backend of this kind left (but not the ipsets
+	// the iptables kinds share: see ipsetPrefix); nothing where this kind does not work, since
+	// then nothing of ours can be there either.
+	leftovers [3]func(context.Context) error
+}
+
+var kinds = map[backendchoice.Kind]kindBackends{
+	backendchoice.NFTables: {
+		policy:     func(context.Context) (policy.Backend, error) { return nftables.New() },
+		masquerade: func(context.Context) (masquerade.Backend, error) { return masquerade.NewNFTables() },
+		// Probed at its first use: the backend's own probe has shown that nft works.
+		guard:     func() guard.Guard { return guard.NewNFTables() },
+		leftovers: [3]func(context.Context) error{nftables.CleanupLeftovers, guard.CleanupNFTables, masquerade.CleanupNFTables},
+	},
+	backendchoice.IPTablesNFT:    iptablesKind(xtables.ModeNFT),
+	backendchoice.IPTablesLegacy: iptablesKind(xtables.ModeLegacy),
+}
+
+func iptablesKind(mode xtables.Mode) kindBackends {
+	return kindBackends{
+		policy: func(ctx context.Context) (policy.Backend, error) { return iptables.New(ctx, mode) },
+		masquerade: func(ctx context.Context) (masquerade.Backend, error) {
+			r, err := xtables.NewRunner(ctx, mode)
+			if err != nil {
+				return nil, err
+			}
+			return masquerade.NewIPTables(r), nil
+		},
+		guard: func() guard.Guard { return guard.NewIPTables(&xtables.Runner{Mode: mode}) },
+		leftovers: [3]func(context.Context) error{
+			func(ctx context.Context) error { return iptables.CleanupLeftovers(ctx, mode) },
+			func(ctx context.Context) error { return guard.CleanupIPTables(ctx, mode) },
+			func(ctx context.Context) error { return masquerade.CleanupIPTablesRules(ctx, mode) },
+		},
+	}
+}
+
+// ipsetPrefix names each feature's ipsets, which both iptables variants share: they go once
+// neither variant's rules reference them.
+var ipsetPrefix = [3]string{iptables.SetPrefix, guard.IPSetPrefix, masquerade.IPSetPrefix}
+
+var featureNames = [3]string{"network policy", "guard", "masquerade"}
+
+// removeLeftovers removes what f's backends of every kind but keep left in the kernel, and
+// f's ipsets unless keep is an iptables kind, which uses them. The kinds are separate tables
+// (and, for the two iptables variants, separate tools): they are cleaned up side by side, which
+// halves what a cold start waits for here.
+func removeLeftovers(ctx context.Context, f feature, keep backendchoice.Kind) error {
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for _, k := range backendchoice.All {
+		if k == keep {
+			continue
 		}
-		return nftables.New()
+		wg.Go(func() {
+			if err := kinds[k].leftovers[f](ctx); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("%s %s: %w", k, featureNames[f], err))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err // the sets stay while rules may still reference them
+	}
+	if _, iptablesInUse := keep.IPTablesMode(); iptablesInUse {
+		return nil
+	}
+	if err := xtables.DestroyIPSets(ctx, ipsetPrefix[f]); err != nil {
+		return fmt.Errorf("%s ipsets: %w", featureNames[f], err)
+	}
+	return nil
+}
+
+// cleanup removes what every backend of each feature fs left in the kernel: for
+// `netwarden cleanup`, and for a feature turned off.
+func cleanup(ctx context.Context, fs ...feature) error {
+	var errs []error
+	for _, f := range fs {
+		errs = append(errs, removeLeftovers(ctx, f, ""))
+	}
+	return errors.Join(errs...)
+}
+
+// retireOthers returns the clean-up, after the first sync, of what backends of kinds other than
+// chosen left for the features fs: when auto picks iptables after a host lost nft, or an
+// operator changes --backend, the old rules must not keep judging packets beside the new ones.
+func retireOthers(chosen backendchoice.Kind, fs ...feature) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var errs []error
+		for _, f := range fs {
+			errs = append(errs, removeLeftovers(ctx, f, chosen))
+		}
+		return errors.Join(errs...)
+	}
+}
+
+// openBackend opens feature backend of the kind --backend (auto, nftables or iptables) asks
+// for, chosen as backendchoice says. The caller logs the choice with the backend's Name(),
+// which says the iptables variant too.
+func openBackend[T any](ctx context.Context, name string, open func(kindBackends) func(context.Context) (T, error)) (T, backendchoice.Kind, error) {
+	b, k, err := backendchoice.Open(ctx, name, func(ctx context.Context, k backendchoice.Kind) (T, error) {
+		return open(kinds[k])(ctx)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("--backend %q: %w", name, err)
+		return b, k, fmt.Errorf("--backend %q: %w", name, err)
 	}
-	return b, nil
+	return b, k, nil
 }
 
 // renderPolicy returns the complete NetworkPolicy ruleset that --backend would apply. Render
@@ -39,79 +155,4 @@ func renderPolicy(_ context.Context, name string, rs *policy.Ruleset) (string, e
 		return iptables.Dump(iptables.Render(rs)), nil
 	}
 	return "", fmt.Errorf("--backend %q: want auto, nftables or iptables", name)
-}
-
-// cleanupPolicy removes the NetworkPolicy rules of every backend that may have installed them:
-// the nftables table, and the chains, jumps and sets of both iptables variants. A backend that
-// is unavailable on this host cannot hold anything of ours and is skipped.
-func cleanupPolicy(ctx context.Context) error {
-	errs := []error{cleanupGuards(ctx, nil)}
-	// Rules of both iptables variants go before the sets they reference.
-	ipsetUsable := false
-	for _, k := range backendchoice.All {
-		mode, isIPTables := k.IPTablesMode()
-		if !isIPTables {
-			if b, err := nftables.New(); err == nil {
-				if err := b.Cleanup(ctx); err != nil {
-					errs = append(errs, fmt.Errorf("nftables: %w", err))
-				}
-			}
-			continue
-		}
-		r, err := xtables.NewRunner(ctx, mode)
-		if err != nil {
-			continue
-		}
-		ipsetUsable = true
-		if err := iptables.CleanupRules(ctx, r); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", k, err))
-		}
-	}
-	if ipsetUsable {
-		if _, err := xtables.IPSetNames(ctx); err == nil {
-			if err := iptables.CleanupSets(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("ipset: %w", err))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// retireOtherPolicyBackends returns the clean-up of what backends other than chosen left in the
-// kernel: when auto picks iptables after a host lost nft, or an operator changes --backend, the
-// old rules must not keep judging packets beside the new ones. (The iptables backend's full sync
-// already removes its rules from the other iptables variant.)
-func retireOtherPolicyBackends(chosen policy.Backend) func(context.Context) error {
-	return func(ctx context.Context) error {
-		if _, isNFT := chosen.(*nftables.Backend); isNFT {
-			// The two variants are separate tools with separate tables: looking at both at once
-			// halves what a cold start (agent --once) waits for here.
-			modes := []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy}
-			errs := make([]error, len(modes))
-			var wg sync.WaitGroup
-			for i, m := range modes {
-				wg.Go(func() {
-					if !xtables.AnyTablePresent(m, iptables.Table) && !xtables.AnyTablePresent(m, "filter") {
-						return // nothing of this variant's here, so no rules of ours either (filter: releases before mangle)
-					}
-					if r, err := xtables.NewRunner(ctx, m); err == nil {
-						errs[i] = iptables.CleanupRules(ctx, r)
-					}
-				})
-			}
-			wg.Wait()
-			if err := errors.Join(errs...); err != nil {
-				return err
-			}
-			if _, err := xtables.IPSetNames(ctx); err != nil {
-				return nil // no ipset here, so no sets of ours either
-			}
-			return iptables.CleanupSets(ctx)
-		}
-		b, err := nftables.New()
-		if err != nil {
-			return nil // no usable nft, so no table of ours either
-		}
-		return b.Cleanup(ctx)
-	}
 }

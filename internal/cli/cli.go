@@ -21,6 +21,7 @@ import (
 	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
 	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/backendchoice"
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -198,8 +199,9 @@ func agentCmd() *cobra.Command {
 			if err := gf.check(f.networkPolicy); err != nil {
 				return err
 			}
-			cfg := agent.Config{NodeName: node, Source: src, ResyncPeriod: resync, CompactDelay: compactDelay, HealthAddr: healthAddr, Profiling: profiling, Logger: log}
-			if cfg.DropLog, err = df.config(f.networkPolicy); err != nil {
+			cfg := agent.Config{NodeName: node, Source: src, HealthAddr: healthAddr, Profiling: profiling, Logger: log}
+			np := &agent.NetworkPolicy{ResyncPeriod: resync, CompactDelay: compactDelay}
+			if np.DropLog, err = df.config(f.networkPolicy); err != nil {
 				return err
 			}
 			if cpuProfile != "" {
@@ -214,22 +216,24 @@ func agentCmd() *cobra.Command {
 			// The flags are checked; what follows probes the kernel's tools while the source loads.
 			cfg.Source = agent.StartEarly(ctx, src)
 			if f.networkPolicy {
-				if cfg.Policy, err = policyBackend(cmd.Context(), f.backend); err != nil {
+				var kind backendchoice.Kind
+				np.Backend, kind, err = openBackend(cmd.Context(), f.backend, func(kb kindBackends) func(context.Context) (policy.Backend, error) { return kb.policy })
+				if err != nil {
 					return err
 				}
-				log.Info("backend selected", "backend", cfg.Policy.Name(), "requested", f.backend)
+				log.Info("backend selected", "backend", np.Backend.Name(), "requested", f.backend)
 				if df.counters {
-					if _, ok := cfg.Policy.(dataplane.PolicyCounters); !ok {
-						return fmt.Errorf("--policy-counters: the %s backend has no per-policy counters (nftables has)", cfg.Policy.Name())
+					if _, ok := np.Backend.(dataplane.PolicyCounters); !ok {
+						return fmt.Errorf("--policy-counters: the %s backend has no per-policy counters (nftables has)", np.Backend.Name())
 					}
-					cfg.PolicyCounters = true
+					np.Counters = true
 				}
-				cfg.RetireOtherPolicyBackends = retireOtherPolicyBackends(cfg.Policy)
-				if err := gf.apply(&cfg, cfg.Policy); err != nil {
+				if err := gf.apply(np, kind); err != nil {
 					return err
 				}
-				cfg.RetireOtherPolicyBackends = retireOtherGuards(cfg.RetireOtherPolicyBackends, cfg.Guard)
-			} else if err := cleanupPolicy(cmd.Context()); err != nil {
+				np.RetireOthers = retireOthers(kind, networkPolicyRules, guardRules)
+				cfg.NetworkPolicy = np
+			} else if err := cleanup(cmd.Context(), networkPolicyRules, guardRules); err != nil {
 				// Turning the feature off must not leave old rules enforcing.
 				return err
 			}
@@ -237,7 +241,7 @@ func agentCmd() *cobra.Command {
 				return err
 			}
 			if !mf.enabled {
-				if err := cleanupMasquerade(cmd.Context()); err != nil {
+				if err := cleanup(cmd.Context(), masqueradeRules); err != nil {
 					return err
 				}
 			}
@@ -311,7 +315,7 @@ func cleanupCmd() *cobra.Command {
 		Short: "Remove everything netwarden installed",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return errors.Join(cleanupPolicy(cmd.Context()), cleanupMasquerade(cmd.Context()))
+			return cleanup(cmd.Context(), networkPolicyRules, guardRules, masqueradeRules)
 		},
 	}
 }

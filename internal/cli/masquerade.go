@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 
@@ -59,47 +58,13 @@ func (f *masqFlags) config(ctx context.Context, backend string, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	b, err := masqueradeBackend(ctx, backend)
+	b, k, err := openBackend(ctx, backend, func(kb kindBackends) func(context.Context) (masquerade.Backend, error) { return kb.masquerade })
 	if err != nil {
 		return nil, err
 	}
 	log.Info("masquerade backend selected", "backend", b.Name(), "requested", backend)
 	return &agent.Masquerade{Backend: b, Config: masquerade.NewConfigFile(f.configPath, f.allReservedRanges, log), Options: opts,
-		RetireOthers: retireOtherMasqueradeBackends(b)}, nil
-}
-
-// retireOtherMasqueradeBackends returns the clean-up of the masquerade rules that backends other
-// than chosen left, so that a change of backend never leaves two sets of SNAT rules.
-func retireOtherMasqueradeBackends(chosen masquerade.Backend) func(context.Context) error {
-	return func(ctx context.Context) error {
-		if ipt, ok := chosen.(*masquerade.IPTables); ok {
-			var errs []error
-			if b, err := masquerade.NewNFTables(); err == nil {
-				errs = append(errs, b.Cleanup(ctx))
-			}
-			return errors.Join(append(errs, ipt.RetireOtherVariant(ctx))...)
-		}
-		return masquerade.NewIPTables(&xtables.Runner{Mode: xtables.ModeNFT}).Cleanup(ctx)
-	}
-}
-
-// masqueradeBackend picks the backend as the rest of the agent does: nftables when nft works
-// here, else iptables (iptables-nft, then legacy).
-func masqueradeBackend(ctx context.Context, name string) (masquerade.Backend, error) {
-	b, _, err := backendchoice.Open(ctx, name, func(ctx context.Context, k backendchoice.Kind) (masquerade.Backend, error) {
-		if mode, ok := k.IPTablesMode(); ok {
-			r, err := xtables.NewRunner(ctx, mode)
-			if err != nil {
-				return nil, err
-			}
-			return masquerade.NewIPTables(r), nil
-		}
-		return masquerade.NewNFTables()
-	})
-	if err != nil {
-		return nil, fmt.Errorf("--backend %q: %w", name, err)
-	}
-	return b, nil
+		RetireOthers: retireOthers(k, masqueradeRules)}, nil
 }
 
 // renderMasquerade returns the masquerade rules that the agent would apply for st.
@@ -128,19 +93,4 @@ func (f *masqFlags) render(ctx context.Context, backend string, st *cluster.Stat
 		return masquerade.NewIPTables(&xtables.Runner{Mode: mode}).Render(d), nil
 	}
 	return "", fmt.Errorf("--backend %q: want auto, nftables or iptables", backend)
-}
-
-// cleanupMasquerade removes the masquerade rules of both backends, tolerating one that this
-// host does not have.
-func cleanupMasquerade(ctx context.Context) error {
-	var errs []error
-	if b, err := masquerade.NewNFTables(); err == nil {
-		if err := b.Cleanup(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := masquerade.NewIPTables(&xtables.Runner{Mode: xtables.ModeNFT}).Cleanup(ctx); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
 }

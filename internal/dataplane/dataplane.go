@@ -23,6 +23,12 @@ type Backend[D any] interface {
 	Render(d D) string
 }
 
+// AtomicFullSync is a backend whose FullSync is one kernel transaction: its success is the
+// proof that the kernel holds the state, with no need to read it back.
+type AtomicFullSync interface {
+	FullSyncIsAtomic()
+}
+
 // SyncResult describes one kernel transaction.
 type SyncResult struct {
 	Full       bool // the whole ruleset was replaced

@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+
+	"github.com/netwarden/netwarden/internal/dataplane"
 )
 
 // Desired is what the guard enforces.
@@ -41,6 +43,21 @@ type Guard interface {
 	// or of the rules beside them (whoever changed those may have changed the guard's too).
 	Invalidate()
 }
+
+// Prober is a guard that can check, ahead of its first Sync, that it works here, so that the
+// check runs beside the agent's start rather than in its first sync.
+type Prober interface {
+	Probe() error
+}
+
+// The capabilities the agent finds by type assertion.
+var (
+	_ Guard                  = (*NFTables)(nil)
+	_ Guard                  = (*IPTables)(nil)
+	_ Prober                 = (*NFTables)(nil)
+	_ dataplane.KernelTables = (*NFTables)(nil)
+	_ dataplane.KernelTables = (*IPTables)(nil)
+)
 
 // Drift is what Verify returns when someone else changed or removed the guard's rules.
 type Drift struct{ Reason string }

@@ -266,20 +266,18 @@ func (g *IPTables) Cleanup(ctx context.Context) error {
 	if err := errors.Join(errs...); err != nil || g.KeepSets {
 		return err
 	}
-	names, err := xtables.IPSetNames(ctx)
-	if err != nil {
-		return nil // no ipset here, so no sets of ours either
+	return xtables.DestroyIPSets(ctx, IPSetPrefix)
+}
+
+// CleanupIPTables removes the chains and jumps (not the ipsets, which both variants share) that
+// a guard of variant mode left; nothing where that variant does not work.
+func CleanupIPTables(ctx context.Context, mode xtables.Mode) error {
+	g := NewIPTables(&xtables.Runner{Mode: mode})
+	g.KeepSets = true
+	if err := g.Cleanup(ctx); err != nil && !errors.Is(err, ErrUnusable) {
+		return err
 	}
-	var script bytes.Buffer
-	for _, n := range names {
-		if strings.HasPrefix(n, IPSetPrefix) {
-			fmt.Fprintf(&script, "destroy %s\n", n)
-		}
-	}
-	if script.Len() == 0 {
-		return nil
-	}
-	return xtables.IPSetRestore(ctx, script.Bytes())
+	return nil
 }
 
 // KernelTables implements dataplane.KernelTables.

@@ -191,6 +191,15 @@ func (g *NFTables) Cleanup(ctx context.Context) error {
 	return nil
 }
 
+// CleanupNFTables removes the table a guard left; nothing where nft does not work.
+func CleanupNFTables(ctx context.Context) error {
+	g := NewNFTables()
+	if g.Probe() != nil {
+		return nil
+	}
+	return g.Cleanup(ctx)
+}
+
 // Invalidate implements Guard.
 func (g *NFTables) Invalidate() { g.applied = nil }
 

@@ -13,6 +13,14 @@ import (
 	"github.com/netwarden/netwarden/internal/xtables"
 )
 
+// The capabilities the agent finds by type assertion.
+var (
+	_ policy.Backend         = (*Backend)(nil)
+	_ dataplane.DropLogger   = (*Backend)(nil)
+	_ dataplane.Compactor    = (*Backend)(nil)
+	_ dataplane.KernelTables = (*Backend)(nil)
+)
+
 var families = [2]xtables.Family{xtables.IPv4, xtables.IPv6}
 
 // Backend owns the NETWARDEN-* chains of the filter table and the netwarden-* ipsets.

@@ -1,10 +1,8 @@
 package iptables
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/netwarden/netwarden/internal/xtables"
 )
@@ -71,19 +69,18 @@ func cleanupTable(ctx context.Context, r *xtables.Runner, f xtables.Family, tabl
 
 // CleanupSets destroys every netwarden-* ipset. Run it after CleanupRules for every variant
 // that may reference them.
-func CleanupSets(ctx context.Context) error {
-	names, err := xtables.IPSetNames(ctx)
+func CleanupSets(ctx context.Context) error { return xtables.DestroyIPSets(ctx, SetPrefix) }
+
+// CleanupLeftovers removes the rules (not the ipsets, which both variants share: see
+// CleanupSets) that a backend of variant mode left; nothing when that variant holds no table
+// we use or does not work here.
+func CleanupLeftovers(ctx context.Context, mode xtables.Mode) error {
+	if !xtables.AnyTablePresent(mode, Table) && !xtables.AnyTablePresent(mode, oldTable) {
+		return nil // nothing of this variant's here, so no rules of ours either
+	}
+	r, err := xtables.NewRunner(ctx, mode)
 	if err != nil {
-		return err
-	}
-	var script bytes.Buffer
-	for _, n := range names {
-		if strings.HasPrefix(n, SetPrefix) {
-			fmt.Fprintf(&script, "destroy %s\n", n)
-		}
-	}
-	if script.Len() == 0 {
 		return nil
 	}
-	return xtables.IPSetRestore(ctx, script.Bytes())
+	return CleanupRules(ctx, r)
 }

@@ -9,6 +9,15 @@ import (
 	"github.com/netwarden/netwarden/internal/dataplane"
 )
 
+// The capabilities the agent finds by type assertion.
+var (
+	_ Backend                  = (*NFTables)(nil)
+	_ Backend                  = (*IPTables)(nil)
+	_ dataplane.KernelTables   = (*NFTables)(nil)
+	_ dataplane.KernelTables   = (*IPTables)(nil)
+	_ dataplane.AtomicFullSync = (*NFTables)(nil)
+)
+
 // Backend programs a Desired state into the kernel.
 type Backend = dataplane.Backend[*Desired]
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"strings"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
@@ -36,7 +35,10 @@ func (b *IPTables) Name() string { return "iptables-" + string(b.run.Mode) }
 
 // ipsetName names our sets "nwmasq-*": the NetworkPolicy backend owns every "netwarden-*" set
 // and removes those it does not want.
-func ipsetName(k setKind) string { return k.name("nwmasq-src", "nwmasq-nomasq-dst") }
+func ipsetName(k setKind) string { return k.name(IPSetPrefix+"src", IPSetPrefix+"nomasq-dst") }
+
+// IPSetPrefix begins the name of every ipset of the iptables backend (and of its swap copies).
+const IPSetPrefix = "nwmasq-"
 
 func ipsetFamily(k setKind) string {
 	if k.family == 1 {
@@ -292,28 +294,7 @@ func CleanupIPTablesRules(ctx context.Context, modes ...xtables.Mode) error {
 	return errors.Join(errs...)
 }
 
-func cleanupIPSets(ctx context.Context) error {
-	if _, err := exec.LookPath("ipset"); err != nil {
-		return nil // no ipset on this host, so no sets of ours
-	}
-	var errs []error
-	names, err := xtables.IPSetNames(ctx)
-	if err != nil {
-		return err
-	}
-	for _, k := range setKinds {
-		for _, n := range []string{ipsetName(k), ipsetName(k) + "-tmp"} {
-			for _, have := range names {
-				if have == n {
-					if err := xtables.IPSetRestore(ctx, []byte("destroy "+n+"\n")); err != nil {
-						errs = append(errs, err)
-					}
-				}
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
+func cleanupIPSets(ctx context.Context) error { return xtables.DestroyIPSets(ctx, IPSetPrefix) }
 
 // KernelTables implements dataplane.KernelTables.
 func (b *IPTables) KernelTables() []dataplane.KernelTable {

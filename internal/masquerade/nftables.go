@@ -226,6 +226,18 @@ func (b *NFTables) Cleanup(ctx context.Context) error {
 	return nil
 }
 
+// FullSyncIsAtomic implements dataplane.AtomicFullSync: the table is replaced in one transaction.
+func (b *NFTables) FullSyncIsAtomic() {}
+
+// CleanupNFTables removes the table an nftables backend left; nothing where nft does not work.
+func CleanupNFTables(ctx context.Context) error {
+	b, err := NewNFTables()
+	if err != nil {
+		return nil
+	}
+	return b.Cleanup(ctx)
+}
+
 func size(d *Desired) dataplane.Size {
 	s := dataplane.Size{Chains: 1, Rules: 3, Sets: len(setKinds)}
 	for _, k := range setKinds {

@@ -19,6 +19,14 @@ import (
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
+// The capabilities the agent finds by type assertion.
+var (
+	_ policy.Backend           = (*Backend)(nil)
+	_ dataplane.DropLogger     = (*Backend)(nil)
+	_ dataplane.PolicyCounters = (*Backend)(nil)
+	_ dataplane.KernelTables   = (*Backend)(nil)
+)
+
 // Backend owns table inet netwarden.
 type Backend struct {
 	nft      knftables.Interface
@@ -43,6 +51,16 @@ func New() (*Backend, error) {
 		return nil, err
 	}
 	return &Backend{nft: nft, netlink: true}, nil
+}
+
+// CleanupLeftovers removes the table a backend left; nothing where nft does not work, since
+// then no table of ours can be there either.
+func CleanupLeftovers(ctx context.Context) error {
+	b, err := New()
+	if err != nil {
+		return nil
+	}
+	return b.Cleanup(ctx)
 }
 
 // NewWithInterface wraps an existing knftables.Interface, such as knftables.NewFake for unit

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"time"
 
@@ -172,4 +173,27 @@ func numbered(b []byte) string {
 		fmt.Fprintf(&sb, "%4d  %s\n", i+1, line)
 	}
 	return sb.String()
+}
+
+// DestroyIPSets destroys every ipset whose name starts with prefix: a feature's clean-up once no
+// rule of any iptables variant references its sets. A host where ipset does not work holds no
+// sets, so that is not an error.
+func DestroyIPSets(ctx context.Context, prefix string) error {
+	if _, err := exec.LookPath("ipset"); err != nil {
+		return nil
+	}
+	names, err := IPSetNames(ctx)
+	if err != nil {
+		return nil
+	}
+	var script bytes.Buffer
+	for _, n := range names {
+		if strings.HasPrefix(n, prefix) {
+			fmt.Fprintf(&script, "destroy %s\n", n)
+		}
+	}
+	if script.Len() == 0 {
+		return nil
+	}
+	return IPSetRestore(ctx, script.Bytes())
 }

@@ -110,7 +110,10 @@ func handler[T any, PT interface {
 	}
 }
 
-var _ cluster.Source = (*Source)(nil)
+var (
+	_ cluster.Source     = (*Source)(nil)
+	_ cluster.NodeLister = (*Source)(nil)
+)
 
 // New returns a Source that lists and watches through client. Nothing is requested until Run.
 func New(client kubernetes.Interface, logger *slog.Logger, opts ...Option) *Source {

@@ -51,7 +51,10 @@ type Source struct {
 	errMsg []string // messages of errs, to log only changes
 }
 
-var _ cluster.Source = (*Source)(nil)
+var (
+	_ cluster.Source     = (*Source)(nil)
+	_ cluster.NodeLister = (*Source)(nil)
+)
 
 // New returns a Source for the manifests in dir. Nothing is read until Run.
 func New(dir string, logger *slog.Logger) *Source {
