@@ -28,9 +28,9 @@ const IPSetPrefix = "nwguard-"
 type IPTables struct {
 	run     *xtables.Runner
 	applied *Desired
-	// KeepSets leaves the ipsets to Cleanup, for retiring one variant's chains while the
+	// keepSets leaves the ipsets to Cleanup, for retiring one variant's chains while the
 	// other variant's guard uses the sets (ipsets are shared by both variants).
-	KeepSets bool
+	keepSets bool
 }
 
 // NewIPTables returns the guard for one iptables variant.
@@ -224,9 +224,9 @@ func (g *IPTables) writeSets(ctx context.Context, d Desired) error {
 	return nil
 }
 
-// ErrUnusable is what Cleanup returns when the variant's commands do not work here, so
+// errUnusable is what Cleanup returns when the variant's commands do not work here, so
 // nothing of ours can be there either.
-var ErrUnusable = errors.New("iptables variant not usable")
+var errUnusable = errors.New("iptables variant not usable")
 
 // Cleanup implements Guard.
 func (g *IPTables) Cleanup(ctx context.Context) error {
@@ -238,7 +238,7 @@ func (g *IPTables) Cleanup(ctx context.Context) error {
 		}
 		out, err := g.run.Save(ctx, fam, "mangle")
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: %w", ErrUnusable, err))
+			errs = append(errs, fmt.Errorf("%w: %w", errUnusable, err))
 			continue
 		}
 		for _, j := range [][2]string{{"PREROUTING", IPTablesChain}, {"FORWARD", IPTablesForwardChain}} {
@@ -263,7 +263,7 @@ func (g *IPTables) Cleanup(ctx context.Context) error {
 			}
 		}
 	}
-	if err := errors.Join(errs...); err != nil || g.KeepSets {
+	if err := errors.Join(errs...); err != nil || g.keepSets {
 		return err
 	}
 	return xtables.DestroyIPSets(ctx, IPSetPrefix)
@@ -273,8 +273,8 @@ func (g *IPTables) Cleanup(ctx context.Context) error {
 // a guard of variant mode left; nothing where that variant does not work.
 func CleanupIPTables(ctx context.Context, mode xtables.Mode) error {
 	g := NewIPTables(&xtables.Runner{Mode: mode})
-	g.KeepSets = true
-	if err := g.Cleanup(ctx); err != nil && !errors.Is(err, ErrUnusable) {
+	g.keepSets = true
+	if err := g.Cleanup(ctx); err != nil && !errors.Is(err, errUnusable) {
 		return err
 	}
 	return nil

@@ -253,16 +253,6 @@ func (b *IPTables) Cleanup(ctx context.Context) error {
 	return errors.Join(err, cleanupIPSets(ctx))
 }
 
-// RetireOtherVariant removes our jump and chain from the iptables variant this backend does
-// not use (an earlier run may have used it), leaving the shared ipsets to this one.
-func (b *IPTables) RetireOtherVariant(ctx context.Context) error {
-	other := xtables.ModeLegacy
-	if b.run.Mode == xtables.ModeLegacy {
-		other = xtables.ModeNFT
-	}
-	return CleanupIPTablesRules(ctx, other)
-}
-
 // CleanupIPTablesRules removes our jump and chain from the given iptables variants, both
 // families; a variant that does not work here holds nothing of ours.
 func CleanupIPTablesRules(ctx context.Context, modes ...xtables.Mode) error {
