@@ -28,7 +28,7 @@ const IPSetPrefix = "nwguard-"
 type IPTables struct {
 	run     *xtables.Runner
 	applied *Desired
-	// keepSets leaves the ipsets to Cleanup, for retiring one variant's chains while the
+	// keepSets makes Cleanup leave the ipsets alone, for retiring one variant's chains while the
 	// other variant's guard uses the sets (ipsets are shared by both variants).
 	keepSets bool
 }
