@@ -53,16 +53,6 @@ func New() (*Backend, error) {
 	return &Backend{nft: nft, netlink: true}, nil
 }
 
-// CleanupLeftovers removes the table a backend left; nothing where nft does not work, since
-// then no table of ours can be there either.
-func CleanupLeftovers(ctx context.Context) error {
-	b, err := New()
-	if err != nil {
-		return nil
-	}
-	return b.Cleanup(ctx)
-}
-
 // NewWithInterface wraps an existing knftables.Interface, such as knftables.NewFake for unit
 // tests of rendering.
 func NewWithInterface(nft knftables.Interface) *Backend { return &Backend{nft: nft} }
