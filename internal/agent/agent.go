@@ -23,6 +23,7 @@ import (
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/guard"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // Config configures an Agent.
@@ -109,7 +110,7 @@ func New(cfg Config) *Agent {
 	a := &Agent{cfg: cfg, log: cfg.Logger, compiler: policy.NewCompiler(cfg.NodeName), metrics: newMetrics(), changed: make(chan struct{}, 1)}
 	a.flows = newFlowJudge(a)
 	if cfg.Policy != nil {
-		a.status.policy = &FeatureStatus{Backend: cfg.Policy.Name()}
+		a.status.policy = &statusapi.FeatureStatus{Backend: cfg.Policy.Name()}
 		a.policy = a.newPolicyLoop()
 	}
 	if cfg.Masquerade != nil {
@@ -190,7 +191,7 @@ func (a *Agent) policyApplied(st *cluster.State) {
 	if c, ok := a.cfg.Policy.(dataplane.Compactor); ok {
 		pending = c.CompactionPending()
 	}
-	a.status.update(&a.status.policy, func(fs *FeatureStatus) {
+	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) {
 		fs.Generation, fs.Revision, fs.AppliedAt, fs.LastError = st.Generation, st.Revision, time.Now(), ""
 		fs.CompactionPending = pending
 	})
@@ -235,7 +236,7 @@ func (a *Agent) policyOnce(ctx context.Context) error {
 		return err
 	}
 	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
-	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
+	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) { fs.Skipped = res.Skipped })
 	a.log.Info("synced", "backend", a.cfg.Policy.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", time.Since(compiled).Round(time.Microsecond),
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
@@ -405,7 +406,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	a.applied.Store(rs)
 	a.metrics.observeSync(a.cfg.Policy.Name(), res, stats, time.Since(start).Seconds())
 	a.skipped.report(a.log, a.cfg.Policy.Name(), res.Skipped)
-	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
+	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) { fs.Skipped = res.Skipped })
 	if !seen.IsZero() {
 		a.metrics.programLatency.Observe(time.Since(seen).Seconds())
 	}

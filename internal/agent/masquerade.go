@@ -13,6 +13,7 @@ import (
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/masquerade"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // Masquerade configures the agent's masquerade feature.
@@ -87,7 +88,7 @@ func newMasqLoop(a *Agent, cfg *Masquerade) *masqLoop {
 	}
 	a.metrics.registry.MustRegister(m.syncDuration, m.syncErrors, m.configErrors, m.configValid, m.driftRepairs, m.ranges, m.latency)
 	a.metrics.backendInfo.WithLabelValues("masquerade", cfg.Backend.Name()).Set(1)
-	a.status.masq = &FeatureStatus{Backend: cfg.Backend.Name()}
+	a.status.masq = &statusapi.FeatureStatus{Backend: cfg.Backend.Name()}
 	l := &masqLoop{a: a, cfg: cfg, metrics: m}
 	l.loop = &syncLoop{
 		a: a, feature: "masquerade", backend: cfg.Backend.Name(), status: &a.status.masq,
@@ -147,7 +148,7 @@ func (l *masqLoop) applied(in masqInputs, err error) {
 		l.generation++
 	}
 	gen := l.generation
-	l.a.status.update(&l.a.status.masq, func(fs *FeatureStatus) {
+	l.a.status.update(&l.a.status.masq, func(fs *statusapi.FeatureStatus) {
 		fs.ConfigRead, fs.ConfigError = in.config.ReadSum, ""
 		if in.config.Err != nil {
 			fs.ConfigError = in.config.Err.Error()

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // syncLoop keeps one feature's rules in the kernel in step with its inputs. The NetworkPolicy
@@ -16,9 +17,9 @@ import (
 // labels below, so that retries, repairs and readiness behave the same for both.
 type syncLoop struct {
 	a       *Agent
-	feature string          // as the warning of a failed retire names it
-	backend string          // the backend's Name(), for the compaction log
-	status  **FeatureStatus // the feature's entry on a.status
+	feature string                    // as the warning of a failed retire names it
+	backend string                    // the backend's Name(), for the compaction log
+	status  **statusapi.FeatureStatus // the feature's entry on a.status
 	// ready is set after the first successful sync, once retireOthers (when set) has run, so
 	// that the old backend's rules judge traffic until the new ones do.
 	ready        *atomic.Bool
@@ -103,14 +104,14 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 				// The change that makes it possible will wake the loop.
 			case err != nil:
 				l.syncErrors.Inc()
-				l.a.status.update(l.status, func(fs *FeatureStatus) { fs.LastError = err.Error() })
+				l.a.status.update(l.status, func(fs *statusapi.FeatureStatus) { fs.LastError = err.Error() })
 				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
 				l.a.log.Error(l.failedMsg, "err", err, "retryIn", backoff)
 				retry.Reset(backoff)
 			default:
 				l.a.kernelWritten()
 				if repairing {
-					l.a.status.update(l.status, func(fs *FeatureStatus) { fs.Repairs++ })
+					l.a.status.update(l.status, func(fs *statusapi.FeatureStatus) { fs.Repairs++ })
 				}
 				full, backoff, repairing = false, 0, false
 				if !l.ready.Load() {
@@ -121,7 +122,7 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 				}
 				if l.compactor != nil && l.compactor.CompactionPending() {
 					compact.Reset(l.compactDelay)
-					l.a.status.update(l.status, func(fs *FeatureStatus) { fs.CompactionPending = true })
+					l.a.status.update(l.status, func(fs *statusapi.FeatureStatus) { fs.CompactionPending = true })
 				}
 			}
 			if d := l.resyncEvery(); d != interval {
@@ -208,7 +209,7 @@ func (l *syncLoop) compact(ctx context.Context) error {
 	}
 	l.a.kernelWritten()
 	l.a.metrics.compactions.Inc()
-	l.a.status.update(l.status, func(fs *FeatureStatus) { fs.CompactionPending = l.compactor.CompactionPending() })
+	l.a.status.update(l.status, func(fs *statusapi.FeatureStatus) { fs.CompactionPending = l.compactor.CompactionPending() })
 	l.a.log.Info("compacted: removed what earlier changes left unreachable", "backend", l.backend,
 		"operations", res.Operations, "full", res.Full, "took", time.Since(start).Round(time.Microsecond))
 	return nil

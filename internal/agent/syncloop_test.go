@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // counter counts what the loop adds to a metric.
@@ -40,7 +41,7 @@ func (c *fakeCompactor) Compact(context.Context) (dataplane.SyncResult, error) {
 func TestSyncLoop(t *testing.T) {
 	var logs bytes.Buffer
 	a := New(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	a.status.policy = &FeatureStatus{}
+	a.status.policy = &statusapi.FeatureStatus{}
 	fulls, results := make(chan bool), make(chan error)
 	var drift atomic.Bool
 	var ready atomic.Bool
@@ -127,7 +128,7 @@ func TestSyncLoop(t *testing.T) {
 // burst goes into few transactions.
 func TestSyncLoopCoalescesOnlyBursts(t *testing.T) {
 	a := New(Config{Logger: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))})
-	a.status.policy = &FeatureStatus{}
+	a.status.policy = &statusapi.FeatureStatus{}
 	const minInterval, syncTime = 400 * time.Millisecond, 50 * time.Millisecond
 	starts := make(chan time.Time, 10)
 	var ready atomic.Bool
