@@ -23,6 +23,7 @@ import (
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/guard"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // Config configures an Agent.
@@ -119,7 +120,7 @@ func New(cfg Config) *Agent {
 	}
 	a.flows = newFlowJudge(a)
 	if a.np != nil {
-		a.status.policy = &FeatureStatus{Backend: a.np.Backend.Name()}
+		a.status.policy = &statusapi.FeatureStatus{Backend: a.np.Backend.Name()}
 		a.policy = a.newPolicyLoop()
 		if dl, ok := a.np.Backend.(dataplane.DropLogger); ok && a.np.DropLog != nil {
 			dl.SetDropLog(a.np.DropLog)
@@ -169,11 +170,11 @@ func (a *Agent) featureReady(flag *atomic.Bool) {
 // featureEntry is one feature's entry on the status board, where its sync loop reports.
 type featureEntry struct {
 	a     *Agent
-	entry **FeatureStatus
+	entry **statusapi.FeatureStatus
 	ready *atomic.Bool
 }
 
-func (e featureEntry) update(fn func(*FeatureStatus)) { e.a.status.update(e.entry, fn) }
+func (e featureEntry) update(fn func(*statusapi.FeatureStatus)) { e.a.status.update(e.entry, fn) }
 
 func (e featureEntry) becameReady() { e.a.featureReady(e.ready) }
 
@@ -211,7 +212,7 @@ func (a *Agent) policyApplied(st *cluster.State) {
 	if c, ok := a.np.Backend.(dataplane.Compactor); ok {
 		pending = c.CompactionPending()
 	}
-	a.status.update(&a.status.policy, func(fs *FeatureStatus) {
+	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) {
 		fs.Generation, fs.Revision, fs.AppliedAt, fs.LastError = st.Generation, st.Revision, time.Now(), ""
 		fs.CompactionPending = pending
 	})
@@ -256,7 +257,7 @@ func (a *Agent) policyOnce(ctx context.Context) error {
 		return err
 	}
 	a.skipped.report(a.log, a.np.Backend.Name(), res.Skipped)
-	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
+	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) { fs.Skipped = res.Skipped })
 	a.log.Info("synced", "backend", a.np.Backend.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", time.Since(compiled).Round(time.Microsecond),
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
@@ -430,7 +431,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	a.applied.Store(rs)
 	a.metrics.observeSync(a.np.Backend.Name(), res, stats, start, seen)
 	a.skipped.report(a.log, a.np.Backend.Name(), res.Skipped)
-	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Skipped = res.Skipped })
+	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) { fs.Skipped = res.Skipped })
 	attrs := []any{"backend", a.np.Backend.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", applied.Sub(compiled).Round(time.Microsecond),
 		"guard", time.Since(applied).Round(time.Microsecond),

@@ -13,6 +13,7 @@ import (
 	"github.com/netwarden/netwarden/internal/conntrack"
 	"github.com/netwarden/netwarden/internal/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // DefaultDenyMark is the conntrack mark bit of established flows a policy now denies.
@@ -146,7 +147,7 @@ func (j *flowJudge) run(ctx context.Context) {
 // published records on the status that established flows are judged by Generation gen's rules
 // (gen 0 with err: a pass failed, and the Generation stays).
 func (j *flowJudge) published(gen uint64, err error) {
-	j.a.status.update(&j.a.status.policy, func(fs *FeatureStatus) {
+	j.a.status.update(&j.a.status.policy, func(fs *statusapi.FeatureStatus) {
 		if err != nil {
 			fs.EstablishedError = err.Error()
 			return

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // TestFlowJudgeCoversEachGeneration: the Generation reported for established flows never runs
@@ -16,7 +17,7 @@ import (
 // flagged flows bring a pass after any change of the rules.
 func TestFlowJudgeCoversEachGeneration(t *testing.T) {
 	a := &Agent{log: slog.New(slog.DiscardHandler), metrics: newMetrics()}
-	a.status.policy = &FeatureStatus{}
+	a.status.policy = &statusapi.FeatureStatus{}
 	j := &flowJudge{a: a, enabled: true, wake: make(chan struct{}, 1)}
 	type call struct {
 		rs    *policy.Ruleset
@@ -145,7 +146,7 @@ type passReply struct {
 // generation follows the rules'.
 func TestFlowJudgeDisabled(t *testing.T) {
 	a := &Agent{log: slog.New(slog.DiscardHandler), metrics: newMetrics()}
-	a.status.policy = &FeatureStatus{}
+	a.status.policy = &statusapi.FeatureStatus{}
 	a.flows = newFlowJudge(a)
 	a.flows.judge = func(*policy.Ruleset) (bool, error) { t.Fatal("judged"); return false, nil }
 	a.flows.submit(&policy.Ruleset{}, 7, true, true)

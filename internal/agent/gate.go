@@ -17,7 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/cni/gate"
+	"github.com/netwarden/netwarden/internal/gateproto"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -49,7 +49,7 @@ type gateState struct {
 }
 
 type registration struct {
-	att gate.Attachment
+	att gateproto.Attachment
 	ips []netip.Addr
 }
 
@@ -244,14 +244,14 @@ func (a *Agent) handleGate(ctx context.Context, c net.Conn) {
 	defer c.Close()
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	r := bufio.NewReader(c)
-	req, err := gate.ReadRequest(r)
+	req, err := gateproto.ReadRequest(r)
 	if err != nil {
-		_ = gate.WriteResponse(c, gate.Response{Error: err.Error()})
+		_ = gateproto.WriteResponse(c, gateproto.Response{Error: err.Error()})
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	resp := a.gateRequest(ctx, r, req)
-	_ = gate.WriteResponse(c, resp)
+	_ = gateproto.WriteResponse(c, resp)
 }
 
 func parseAddrs(ips []string) ([]netip.Addr, error) {
@@ -276,33 +276,33 @@ func parseAddrs(ips []string) ([]netip.Addr, error) {
 	return out, nil
 }
 
-func (a *Agent) gateRequest(ctx context.Context, r *bufio.Reader, req gate.Request) gate.Response {
+func (a *Agent) gateRequest(ctx context.Context, r *bufio.Reader, req gateproto.Request) gateproto.Response {
 	g := a.gate
 	switch req.Verb {
-	case gate.VerbStatus:
+	case gateproto.VerbStatus:
 		if !a.Ready() {
-			return gate.Response{Error: "first sync has not completed"}
+			return gateproto.Response{Error: "first sync has not completed"}
 		}
-		return gate.Response{}
-	case gate.VerbAdd, gate.VerbCheck:
+		return gateproto.Response{}
+	case gateproto.VerbAdd, gateproto.VerbCheck:
 		if req.Namespace == "" || req.Name == "" {
-			return gate.Response{Error: "namespace and name are required"}
+			return gateproto.Response{Error: "namespace and name are required"}
 		}
 		ips, err := parseAddrs(req.IPs)
 		if err != nil || len(ips) == 0 {
-			return gate.Response{Error: fmt.Sprintf("ips: want the pod's addresses, got %q", req.IPs)}
+			return gateproto.Response{Error: fmt.Sprintf("ips: want the pod's addresses, got %q", req.IPs)}
 		}
 		key := cluster.Key(req.Namespace, req.Name)
-		if req.Verb == gate.VerbCheck {
+		if req.Verb == gateproto.VerbCheck {
 			g.mu.Lock()
 			defer g.mu.Unlock()
 			if reg := g.regs[key]; reg != nil && reg.att != req.Attachment {
-				return gate.Response{Error: "another attachment of this pod is registered"}
+				return gateproto.Response{Error: "another attachment of this pod is registered"}
 			}
 			if !g.allKnown(ips) {
-				return gate.Response{Error: "the pod's verdicts are not installed"}
+				return gateproto.Response{Error: "the pod's verdicts are not installed"}
 			}
-			return gate.Response{}
+			return gateproto.Response{}
 		}
 		w := &waiter{ips: ips, done: make(chan bool, 1)}
 		g.mu.Lock()
@@ -322,7 +322,7 @@ func (a *Agent) gateRequest(ctx context.Context, r *bufio.Reader, req gate.Reque
 		defer timer.Stop()
 		select {
 		case iso := <-w.done:
-			return gate.Response{Isolated: iso}
+			return gateproto.Response{Isolated: iso}
 		case <-gone:
 		case <-timer.C:
 		case <-ctx.Done():
@@ -330,16 +330,16 @@ func (a *Agent) gateRequest(ctx context.Context, r *bufio.Reader, req gate.Reque
 		g.mu.Lock()
 		delete(g.waiting, w)
 		g.mu.Unlock()
-		return gate.Response{Error: "gave up waiting for the pod's verdicts"}
-	case gate.VerbDel, gate.VerbGC:
-		valid := map[gate.Attachment]bool{}
+		return gateproto.Response{Error: "gave up waiting for the pod's verdicts"}
+	case gateproto.VerbDel, gateproto.VerbGC:
+		valid := map[gateproto.Attachment]bool{}
 		for _, v := range req.Valid {
 			valid[v] = true
 		}
 		g.mu.Lock()
 		changed := false
 		for key, reg := range g.regs {
-			if req.Verb == gate.VerbDel && reg.att == req.Attachment || req.Verb == gate.VerbGC && !valid[reg.att] {
+			if req.Verb == gateproto.VerbDel && reg.att == req.Attachment || req.Verb == gateproto.VerbGC && !valid[reg.att] {
 				delete(g.regs, key)
 				changed = true
 			}
@@ -351,7 +351,7 @@ func (a *Agent) gateRequest(ctx context.Context, r *bufio.Reader, req gate.Reque
 		if changed {
 			a.notify()
 		}
-		return gate.Response{}
+		return gateproto.Response{}
 	}
-	return gate.Response{Error: fmt.Sprintf("verb %q: want ADD, DEL, CHECK, GC or STATUS", req.Verb)}
+	return gateproto.Response{Error: fmt.Sprintf("verb %q: want ADD, DEL, CHECK, GC or STATUS", req.Verb)}
 }

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/cni/gate"
+	"github.com/netwarden/netwarden/internal/gateproto"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -61,7 +61,7 @@ func TestGateOverlayIncremental(t *testing.T) {
 				tr.SetPod(key, nil)
 			case 3:
 				g.mu.Lock()
-				g.regs[key] = &registration{att: gate.Attachment{ContainerID: name}, ips: []netip.Addr{pool[r.IntN(len(pool))]}}
+				g.regs[key] = &registration{att: gateproto.Attachment{ContainerID: name}, ips: []netip.Addr{pool[r.IntN(len(pool))]}}
 				g.seq++
 				g.mu.Unlock()
 			case 4:

@@ -13,6 +13,7 @@ import (
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/masquerade"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // Masquerade configures the agent's masquerade feature.
@@ -69,7 +70,7 @@ func newMasqLoop(a *Agent, cfg *Masquerade) *masqLoop {
 	}
 	a.metrics.registry.MustRegister(m.configErrors, m.configValid, m.ranges)
 	a.metrics.backendInfo.WithLabelValues("masquerade", cfg.Backend.Name()).Set(1)
-	a.status.masq = &FeatureStatus{Backend: cfg.Backend.Name()}
+	a.status.masq = &statusapi.FeatureStatus{Backend: cfg.Backend.Name()}
 	l := &masqLoop{a: a, cfg: cfg, metrics: m}
 	l.loop = newSyncLoop(&syncLoop{
 		feature: l, status: featureEntry{a, &a.status.masq, &l.ready}, log: a.log,
@@ -126,7 +127,7 @@ func (l *masqLoop) applied(in masqInputs, err error) {
 		l.generation++
 	}
 	gen := l.generation
-	l.a.status.update(&l.a.status.masq, func(fs *FeatureStatus) {
+	l.a.status.update(&l.a.status.masq, func(fs *statusapi.FeatureStatus) {
 		fs.ConfigRead, fs.ConfigError = in.config.ReadSum, ""
 		if in.config.Err != nil {
 			fs.ConfigError = in.config.Err.Error()

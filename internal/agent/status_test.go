@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // getStatus answers GET /status?query from a's handler in a goroutine, delivering the decoded
@@ -37,7 +39,7 @@ func getStatus(a *Agent, query string) <-chan statusAnswer {
 type statusAnswer struct {
 	code int
 	body string
-	st   Status
+	st   statusapi.Status
 	err  error
 }
 
@@ -45,8 +47,8 @@ type statusAnswer struct {
 // status from version V, at once when it is not at V, and when D runs out otherwise.
 func TestStatusLongPoll(t *testing.T) {
 	a := New(Config{NodeName: "n"})
-	a.status.policy = &FeatureStatus{Backend: "test"}
-	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Generation = 1 })
+	a.status.policy = &statusapi.FeatureStatus{Backend: "test"}
+	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) { fs.Generation = 1 })
 	first := <-getStatus(a, "")
 	if first.code != http.StatusOK || first.err != nil || first.st.Version == 0 || first.st.NetworkPolicy.Generation != 1 {
 		t.Fatalf("plain read: %d %v %+v", first.code, first.err, first.st)
@@ -60,7 +62,7 @@ func TestStatusLongPoll(t *testing.T) {
 		t.Fatalf("answered before any change: %+v", ans)
 	case <-time.After(200 * time.Millisecond):
 	}
-	a.status.update(&a.status.policy, func(fs *FeatureStatus) { fs.Generation = 2 })
+	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) { fs.Generation = 2 })
 	select {
 	case ans := <-held:
 		if ans.code != http.StatusOK || ans.st.Version == v || ans.st.NetworkPolicy.Generation != 2 {
@@ -160,5 +162,63 @@ func TestStatusLongPollEndsWithAgent(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the long poll outlived the agent")
+	}
+}
+
+// TestStatusClient checks that statusapi's client and this server agree on the contract: the
+// trimmed read, the long poll, and a wait that ends once the status covers a write.
+func TestStatusClient(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "health.sock")
+	a := New(Config{NodeName: "n", Source: &runningSource{state: cluster.NewState()}, HealthAddr: "unix:" + sock})
+	a.status.policy = &statusapi.FeatureStatus{Backend: "test"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := a.serveHealth(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hashA, hashB := statusapi.ContentHash([]byte("a")), statusapi.ContentHash([]byte("b"))
+	apply := func(gen uint64, files map[string]string) {
+		a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) {
+			fs.Generation = gen
+			fs.Revision = cluster.Revision{Files: cluster.FileHashesOf(files)}
+		})
+	}
+	apply(1, map[string]string{"a.yaml": hashA, "other.yaml": hashB})
+	c := statusapi.UnixClient(sock)
+	q := statusapi.Query{Files: []string{"a.yaml"}}
+
+	st, err := c.Read(q)
+	if err != nil || st.NetworkPolicy == nil || st.NetworkPolicy.Revision.Files.Len() != 1 || !statusapi.Covers(st, map[string]string{"a.yaml": hashA}) {
+		t.Fatalf("trimmed read: %+v, %v", st, err)
+	}
+
+	changed := make(chan statusapi.Status, 1)
+	go func() {
+		st, _ := c.ReadChanged(q, st.Version, time.Minute)
+		changed <- st
+	}()
+	time.Sleep(50 * time.Millisecond) // held by now; if not, it is answered at once below anyway
+	apply(2, map[string]string{"a.yaml": hashB})
+	select {
+	case got := <-changed:
+		if got.Version == st.Version || !statusapi.Covers(got, map[string]string{"a.yaml": hashB}) {
+			t.Fatalf("long poll answered with %+v", got)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the long poll was not answered at the change")
+	}
+
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		apply(3, map[string]string{"a.yaml": hashA})
+	}()
+	covered := func(st statusapi.Status) bool { return statusapi.Covers(st, map[string]string{"a.yaml": hashA}) }
+	if err := c.Wait(time.Now().Add(30*time.Second), func() statusapi.Query { return q }, covered, func() error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var late *statusapi.DeadlineError
+	never := func(statusapi.Status) bool { return false }
+	if err := c.Wait(time.Now().Add(100*time.Millisecond), func() statusapi.Query { return q }, never, func() error { return nil }); !errors.As(err, &late) || late.Last.Version == 0 {
+		t.Fatalf("wait past its deadline: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // loopFeature is what a sync loop keeps in the kernel: the NetworkPolicy rules or the
@@ -29,7 +30,7 @@ type loopFeature interface {
 // statusSink is where a sync loop reports its feature's state: the feature's entry on the
 // agent's status board.
 type statusSink interface {
-	update(func(*FeatureStatus))
+	update(func(*statusapi.FeatureStatus))
 	// becameReady is told once, after the first successful sync and the retirement of other
 	// backends' rules.
 	becameReady()
@@ -133,14 +134,14 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 				// The change that makes it possible will wake the loop.
 			case err != nil:
 				l.metrics.syncErrors.Inc()
-				l.status.update(func(fs *FeatureStatus) { fs.LastError = err.Error() })
+				l.status.update(func(fs *statusapi.FeatureStatus) { fs.LastError = err.Error() })
 				backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
 				l.log.Error(l.failedMsg, "err", err, "retryIn", backoff)
 				retry.Reset(backoff)
 			default:
 				l.wrote()
 				if repairing {
-					l.status.update(func(fs *FeatureStatus) { fs.Repairs++ })
+					l.status.update(func(fs *statusapi.FeatureStatus) { fs.Repairs++ })
 				}
 				full, backoff, repairing = false, 0, false
 				if !ready {
@@ -152,7 +153,7 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 				}
 				if l.compactor != nil && l.compactor.CompactionPending() {
 					compact.Reset(l.compactDelay)
-					l.status.update(func(fs *FeatureStatus) { fs.CompactionPending = true })
+					l.status.update(func(fs *statusapi.FeatureStatus) { fs.CompactionPending = true })
 				}
 			}
 			if d := l.feature.resyncEvery(); d != interval {
@@ -244,7 +245,7 @@ func (l *syncLoop) compact(ctx context.Context) error {
 	}
 	l.wrote()
 	l.metrics.compactions.Inc()
-	l.status.update(func(fs *FeatureStatus) { fs.CompactionPending = l.compactor.CompactionPending() })
+	l.status.update(func(fs *statusapi.FeatureStatus) { fs.CompactionPending = l.compactor.CompactionPending() })
 	l.log.Info("compacted: removed what earlier changes left unreachable", "backend", l.backend,
 		"operations", res.Operations, "full", res.Full, "took", l.clock.Since(start).Round(time.Microsecond))
 	return nil

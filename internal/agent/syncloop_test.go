@@ -14,6 +14,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
 // counter counts what the loop adds to a metric.
@@ -99,12 +100,12 @@ func (f *scriptedFeature) answer(t *testing.T, err error) {
 
 // testStatus is a statusSink that keeps what the loop reports.
 type testStatus struct {
-	fs    FeatureStatus
+	fs    statusapi.FeatureStatus
 	ready int
 }
 
-func (s *testStatus) update(fn func(*FeatureStatus)) { fn(&s.fs) }
-func (s *testStatus) becameReady()                   { s.ready++ }
+func (s *testStatus) update(fn func(*statusapi.FeatureStatus)) { fn(&s.fs) }
+func (s *testStatus) becameReady()                             { s.ready++ }
 
 // TestSyncLoop walks the loop both features share through its cases on a fake clock: a failed
 // first sync is retried whole after the backoff and the feature is ready (other backends

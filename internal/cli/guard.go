@@ -9,7 +9,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/backendchoice"
-	"github.com/netwarden/netwarden/internal/cni/gate"
+	"github.com/netwarden/netwarden/internal/gateproto"
 )
 
 // guardFlags choose what happens to established flows a policy change denies.
@@ -26,7 +26,7 @@ func (f *guardFlags) register(cmd *cobra.Command) {
 	fs.StringVar(&f.denyMark, "conntrack-deny-mark", fmt.Sprintf("0x%x", agent.DefaultDenyMark),
 		"the conntrack mark bit(s) that flag an established flow a policy now denies; no other component may use them")
 	fs.StringVar(&f.gateSocket, "gate-socket", "",
-		"serve the netwarden-gate CNI plugin on this unix socket (such as "+gate.DefaultSocket+"): a pod starts once its verdicts are installed, "+
+		"serve the netwarden-gate CNI plugin on this unix socket (such as "+gateproto.DefaultSocket+"): a pod starts once its verdicts are installed, "+
 			"and traffic of addresses in this node's podCIDRs that the agent has no verdicts for is dropped; empty disables")
 }
 

@@ -46,7 +46,8 @@ type SyncResult struct {
 
 // Skipped is a policy a backend cannot express, and why. It is defined here rather than in
 // package policy, which decides it (policy.FailClosed, whose policy.SkippedPolicy is this type),
-// because a SyncResult reports it and this package must not import a feature's model.
+// because a SyncResult reports it and this package must not import a feature's model; the
+// agent's /status reports it too (internal/statusapi), whose readers link no feature either.
 type Skipped struct {
 	Policy string `json:"policy"` // "namespace/name"
 	Reason string `json:"reason"`

@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
-	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/synth"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
@@ -74,7 +74,7 @@ func BenchmarkAgentAtScale(b *testing.B) {
 		if err := sim.StartAgent("--log-level", "info"); err != nil {
 			b.Fatal(err)
 		}
-		if err := sim.WaitStatus(2*time.Minute, "ready", func(st agent.Status) bool { return st.Ready }); err != nil {
+		if err := sim.WaitStatus(2*time.Minute, "ready", func(st statusapi.Status) bool { return st.Ready }); err != nil {
 			b.Fatal(err)
 		}
 		ready = time.Since(start)

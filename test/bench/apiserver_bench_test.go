@@ -15,9 +15,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
-	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/source/kubeapi"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/kubetest"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/synth"
@@ -132,7 +132,7 @@ func BenchmarkAgentWithAPIServer(b *testing.B) {
 		if err := sim.StartAgentArgs("--kubeconfig", srv.Kubeconfig(b, ""), "--log-level", "info"); err != nil {
 			b.Fatal(err)
 		}
-		if err := sim.WaitStatus(5*time.Minute, "ready", func(st agent.Status) bool { return st.Ready }); err != nil {
+		if err := sim.WaitStatus(5*time.Minute, "ready", func(st statusapi.Status) bool { return st.Ready }); err != nil {
 			b.Fatal(err)
 		}
 		ready = append(ready, time.Since(start))

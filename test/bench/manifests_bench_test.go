@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/synth"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
@@ -72,7 +72,7 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 		if err := sim.StartAgent("--log-level", "info"); err != nil {
 			b.Fatal(err)
 		}
-		if err := sim.WaitStatus(2*time.Minute, "ready", func(st agent.Status) bool { return st.Ready }); err != nil {
+		if err := sim.WaitStatus(2*time.Minute, "ready", func(st statusapi.Status) bool { return st.Ready }); err != nil {
 			b.Fatal(err)
 		}
 		for i := 0; i < manifestsChanges; i++ {

@@ -13,8 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/kubetest"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
@@ -65,16 +65,16 @@ func BenchmarkMasqueradeAgent(b *testing.B) {
 
 	// applied waits for the agent's status to report the write applied: the config content
 	// last written, or the Node created (by its resourceVersion).
-	applied := func(t0 time.Time, what string, done func(*agent.FeatureStatus) bool) time.Duration {
+	applied := func(t0 time.Time, what string, done func(*statusapi.FeatureStatus) bool) time.Duration {
 		b.Helper()
-		if err := sim.WaitStatus(30*time.Second, what, func(st agent.Status) bool { return st.Masquerade != nil && done(st.Masquerade) }); err != nil {
+		if err := sim.WaitStatus(30*time.Second, what, func(st statusapi.Status) bool { return st.Masquerade != nil && done(st.Masquerade) }); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(t0)
 	}
-	configApplied := func(data string) func(*agent.FeatureStatus) bool {
-		sum := simnode.ContentHash([]byte(data))
-		return func(m *agent.FeatureStatus) bool { return m.Config == sum }
+	configApplied := func(data string) func(*statusapi.FeatureStatus) bool {
+		sum := statusapi.ContentHash([]byte(data))
+		return func(m *statusapi.FeatureStatus) bool { return m.Config == sum }
 	}
 	var configChange, configRemove, nodeAdd, nodeAddInAgent []time.Duration
 	// sinceEvent is the agent's own measure of the last sync (see syncTimings).
@@ -94,7 +94,7 @@ func BenchmarkMasqueradeAgent(b *testing.B) {
 		if err := sim.StartAgentArgs("--kubeconfig", srv.Kubeconfig(b, ""), "--log-level", "info", "--network-policy=false", "--masq-config", path); err != nil {
 			b.Fatal(err)
 		}
-		if err := sim.WaitStatus(time.Minute, "ready", func(st agent.Status) bool { return st.Ready }); err != nil {
+		if err := sim.WaitStatus(time.Minute, "ready", func(st statusapi.Status) bool { return st.Ready }); err != nil {
 			b.Fatal(err)
 		}
 		for i := range 20 {
@@ -116,7 +116,7 @@ func BenchmarkMasqueradeAgent(b *testing.B) {
 				b.Fatal(err)
 			}
 			rv := cluster.ParseResourceVersion(node.ResourceVersion)
-			nodeAdd = append(nodeAdd, applied(t0, "node add", func(m *agent.FeatureStatus) bool { return m.Revision.Covers("nodes", rv) }))
+			nodeAdd = append(nodeAdd, applied(t0, "node add", func(m *statusapi.FeatureStatus) bool { return m.Revision.Covers("nodes", rv) }))
 			nodeAddInAgent = append(nodeAddInAgent, sinceEvent())
 		}
 		if err := sim.StopAgent(); err != nil {

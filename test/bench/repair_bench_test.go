@@ -11,8 +11,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/kernelwatch"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
@@ -84,7 +84,7 @@ func BenchmarkForeignChangeRepair(b *testing.B) {
 					}
 					ds = append(ds, d)
 					// The next round starts once the agent has finished this repair.
-					if err := sim.WaitStatus(30*time.Second, "the repair", func(st agent.Status) bool {
+					if err := sim.WaitStatus(30*time.Second, "the repair", func(st statusapi.Status) bool {
 						return st.NetworkPolicy != nil && st.NetworkPolicy.Repairs > repairs
 					}); err != nil {
 						b.Fatal(err)

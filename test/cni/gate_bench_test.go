@@ -15,7 +15,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/netwarden/netwarden/internal/cni/gate"
+	"github.com/netwarden/netwarden/internal/gateproto"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 )
 
@@ -67,14 +67,14 @@ func BenchmarkGateAdd(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				req := gate.Request{Verb: gate.VerbAdd, Attachment: gate.Attachment{ContainerID: p.rt.ContainerID, IfName: "eth0"},
+				req := gateproto.Request{Verb: gateproto.VerbAdd, Attachment: gateproto.Attachment{ContainerID: p.rt.ContainerID, IfName: "eth0"},
 					Namespace: "x", Name: p.name}
 				for _, ipc := range res.IPs {
 					req.IPs = append(req.IPs, ipc.Address.IP.String())
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				start = time.Now()
-				resp, err := gate.Call(ctx, g.sock, req)
+				resp, err := gateproto.Call(ctx, g.sock, req)
 				cancel()
 				if err != nil || resp.Error != "" {
 					b.Fatalf("gate request for %s: %v %s", p.name, err, resp.Error)

@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 )
 
@@ -164,7 +165,7 @@ func (g *gateNode) startAgent(t testing.TB) {
 	g.agent = cmd
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		st, err := simnode.ReadStatus(g.statusSock, nil, nil)
+		st, err := statusapi.UnixClient(g.statusSock).Read(statusapi.Query{})
 		if err == nil && st.Ready {
 			return
 		}

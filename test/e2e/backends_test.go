@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/guard"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
@@ -61,7 +61,7 @@ func agentBinary(t *testing.T, be backend) string {
 // status reports.
 func settledKernelState(ctx context.Context, t *testing.T, sim *simnode.Sim, be backend) string {
 	t.Helper()
-	if err := sim.WaitStatus(30*time.Second, "the written state, compacted", func(st agent.Status) bool {
+	if err := sim.WaitStatus(30*time.Second, "the written state, compacted", func(st statusapi.Status) bool {
 		return sim.Applied(st) && st.NetworkPolicy != nil && !st.NetworkPolicy.CompactionPending
 	}); err != nil {
 		t.Fatal(err)

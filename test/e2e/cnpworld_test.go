@@ -30,7 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
-	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
@@ -274,11 +274,11 @@ func (w *cnpWorld) wait(t *testing.T) {
 	files := w.sim.Written()
 	names := slices.Collect(maps.Keys(files))
 	for _, a := range w.agents {
-		var last agent.Status
+		var last statusapi.Status
 		var lastErr error
 		if !pollUntil(30*time.Second, func() bool {
-			last, lastErr = simnode.ReadStatus(a.sock, names, nil)
-			return lastErr == nil && simnode.Covers(last, files)
+			last, lastErr = statusapi.UnixClient(a.sock).Read(statusapi.Query{Files: names})
+			return lastErr == nil && statusapi.Covers(last, files)
 		}) {
 			b, _ := json.MarshalIndent(last, "", "  ")
 			a.mu.Lock()

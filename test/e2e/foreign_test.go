@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
@@ -77,7 +77,7 @@ func TestForeignChangesRepairedAtOnce(t *testing.T) {
 				w.check(t, c.name)
 				continue
 			}
-			if err := w.sim.WaitStatus(bound, "a repair after: "+c.name, func(st agent.Status) bool {
+			if err := w.sim.WaitStatus(bound, "a repair after: "+c.name, func(st statusapi.Status) bool {
 				return st.NetworkPolicy != nil && st.NetworkPolicy.Repairs > repairs
 			}); err != nil {
 				t.Fatalf("%v\nagent log:\n%s", err, tail(w.sim.Log(), 30))
@@ -133,7 +133,7 @@ func TestKubeProxyIPVSRefused(t *testing.T) {
 		if err := w.sim.WriteFile("cluster.yaml", []byte(data)); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.sim.WaitStatus(15*time.Second, "the IPVS refusal", func(st agent.Status) bool {
+		if err := w.sim.WaitStatus(15*time.Second, "the IPVS refusal", func(st statusapi.Status) bool {
 			return st.NetworkPolicy != nil && strings.Contains(st.NetworkPolicy.LastError, "IPVS")
 		}); err != nil {
 			t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
-	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
@@ -289,7 +289,7 @@ func policyRepairs(t *testing.T, w *world) uint64 {
 // waitRepaired waits until the agent reports one more restore of its rules than before.
 func waitRepaired(t *testing.T, w *world, before uint64) {
 	t.Helper()
-	if err := w.sim.WaitStatus(15*time.Second, "a repair", func(st agent.Status) bool {
+	if err := w.sim.WaitStatus(15*time.Second, "a repair", func(st statusapi.Status) bool {
 		return st.NetworkPolicy != nil && st.NetworkPolicy.Repairs > before
 	}); err != nil {
 		t.Fatal(err)

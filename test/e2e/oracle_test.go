@@ -22,10 +22,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/source/manifests"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
@@ -216,11 +216,11 @@ func (a *nodeAgent) Write(p []byte) (int, error) {
 func (a *nodeAgent) waitApplied(t *testing.T, files map[string]string) {
 	t.Helper()
 	names := slices.Collect(maps.Keys(files))
-	var last agent.Status
+	var last statusapi.Status
 	waitFor(t, 15*time.Second, "agent on "+a.nodeName+" applied the manifests", func() bool {
-		st, err := simnode.ReadStatus(a.sock, names, nil)
+		st, err := statusapi.UnixClient(a.sock).Read(statusapi.Query{Files: names})
 		last = st
-		return err == nil && simnode.Covers(st, files)
+		return err == nil && statusapi.Covers(st, files)
 	})
 	_ = last
 }

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
@@ -51,7 +51,7 @@ func TestBackendSwitchRetiresOldRules(t *testing.T) {
 		if err := sim.StartAgent("--backend", backend); err != nil {
 			t.Fatal(err)
 		}
-		if err := sim.WaitStatus(20*time.Second, backend+" "+mode+" ready", func(st agent.Status) bool {
+		if err := sim.WaitStatus(20*time.Second, backend+" "+mode+" ready", func(st statusapi.Status) bool {
 			return st.Ready && sim.Applied(st)
 		}); err != nil {
 			t.Fatal(err)

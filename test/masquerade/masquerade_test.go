@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
@@ -150,14 +150,14 @@ func (s *scene) writeConfig(content string) {
 	if err := os.Rename(tmp, s.cfgPath); err != nil {
 		s.t.Fatal(err)
 	}
-	s.cfgWritten = simnode.ContentHash([]byte(content))
+	s.cfgWritten = statusapi.ContentHash([]byte(content))
 }
 
 // settledOn reports whether an agent's status says it has applied the given manifests and
 // masquerade config content, or read that config and refused it (reporting why).
-func settledOn(st agent.Status, files map[string]string, cfg string) bool {
+func settledOn(st statusapi.Status, files map[string]string, cfg string) bool {
 	m := st.Masquerade
-	if m == nil || !simnode.Covers(st, files) || m.ConfigRead != cfg {
+	if m == nil || !statusapi.Covers(st, files) || m.ConfigRead != cfg {
 		return false
 	}
 	return m.Config == cfg || m.ConfigError != ""
@@ -167,7 +167,7 @@ func settledOn(st agent.Status, files map[string]string, cfg string) bool {
 // written (or refused an invalid config): after that, results hold at once.
 func (s *scene) settle() {
 	s.t.Helper()
-	if err := s.sim.WaitStatus(15*time.Second, "the manifests and masquerade config written", func(st agent.Status) bool {
+	if err := s.sim.WaitStatus(15*time.Second, "the manifests and masquerade config written", func(st statusapi.Status) bool {
 		return st.Ready && settledOn(st, s.sim.Written(), s.cfgWritten)
 	}); err != nil {
 		s.t.Fatal(err)
@@ -298,7 +298,7 @@ func testMasquerade(t *testing.T, be backend) {
 	// Someone removes our rules: the next resync (1 s) restores them.
 	repairs := s.masqRepairs()
 	breakRules(t, sim, be)
-	if err := sim.WaitStatus(15*time.Second, "the repair", func(st agent.Status) bool {
+	if err := sim.WaitStatus(15*time.Second, "the repair", func(st statusapi.Status) bool {
 		return st.Masquerade != nil && st.Masquerade.Repairs > repairs
 	}); err != nil {
 		t.Fatal(err)
@@ -455,11 +455,11 @@ func TestMasqueradeAcrossNodes(t *testing.T) {
 	settleNode2 := func() {
 		t.Helper()
 		files := sim.Written()
-		var last agent.Status
+		var last statusapi.Status
 		var lastErr error
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			last, lastErr = simnode.ReadStatus(node2Sock, slices.Collect(maps.Keys(files)), nil)
+			last, lastErr = statusapi.UnixClient(node2Sock).Read(statusapi.Query{Files: slices.Collect(maps.Keys(files))})
 			if lastErr == nil && last.Ready && settledOn(last, files, s.cfgWritten) {
 				return
 			}

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/netwarden/netwarden/internal/agent"
+	"github.com/netwarden/netwarden/internal/statusapi"
 	"github.com/netwarden/netwarden/internal/testkit/kubetest"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
@@ -126,7 +126,7 @@ func (a *nodeAgent) waitCovers(timeout time.Duration, rvs map[string]uint64) err
 	for r := range rvs {
 		resources = append(resources, r)
 	}
-	var last agent.Status
+	var last statusapi.Status
 	var lastErr error
 	for {
 		select {
@@ -134,11 +134,11 @@ func (a *nodeAgent) waitCovers(timeout time.Duration, rvs map[string]uint64) err
 			return fmt.Errorf("agent of %s exited:\n%s", a.name, tail(a.logs.String(), 40))
 		default:
 		}
-		st, err := simnode.ReadStatus(a.sock, nil, resources)
+		st, err := statusapi.UnixClient(a.sock).Read(statusapi.Query{Resources: resources})
 		if err == nil {
 			ok := true
 			for r, rv := range rvs {
-				ok = ok && simnode.CoversResource(st, r, rv)
+				ok = ok && statusapi.CoversResource(st, r, rv)
 			}
 			if ok {
 				return nil

@@ -1,3 +1,12 @@
+// Package gate is the netwarden-gate CNI plugin.
+//
+// A pod can send and receive from the moment its interface has an address, while the agent
+// learns the address only when the API reports Pod.Status.PodIPs, well after. The plugin,
+// chained after the plugins that give the pod its addresses, tells the agent the pod's
+// namespace, name and addresses over a unix socket (the protocol is internal/gateproto), and
+// returns only once the agent has installed that pod's verdicts; until then the agent's guard
+// drops every packet of an address in the node's pod CIDRs that it has no verdicts for. So a
+// pod is judged from its first packet: a timeout leaves it dropped (fail closed), never open.
 package gate
 
 import (
@@ -12,6 +21,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/netwarden/netwarden/internal/gateproto"
 )
 
 // DefaultTimeout bounds how long ADD waits for the agent when the config sets no timeout.
@@ -24,7 +35,7 @@ const delTimeout = 2 * time.Second
 // Conf is the plugin's network configuration.
 type Conf struct {
 	types.PluginConf
-	// Socket is the agent's gate socket (its --gate-socket); default DefaultSocket.
+	// Socket is the agent's gate socket (its --gate-socket); default gateproto.DefaultSocket.
 	Socket string `json:"socket,omitempty"`
 	// Timeout is how long ADD waits for the agent to install the pod's verdicts, as a Go
 	// duration ("5s", "500ms"); default DefaultTimeout.
@@ -47,7 +58,7 @@ func ParseConf(stdin []byte) (*Conf, error) {
 		return nil, types.NewError(types.ErrDecodingFailure, "network configuration: "+err.Error(), "")
 	}
 	if conf.Socket == "" {
-		conf.Socket = DefaultSocket
+		conf.Socket = gateproto.DefaultSocket
 	} else if !strings.HasPrefix(conf.Socket, "/") {
 		return nil, configError("socket", "%q: want an absolute path", conf.Socket)
 	}
@@ -107,6 +118,10 @@ func (c *Conf) attachmentIPs() ([]string, error) {
 	return ips, nil
 }
 
+func attachment(args *skel.CmdArgs) gateproto.Attachment {
+	return gateproto.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
+}
+
 func agentError(err error) *types.Error {
 	return types.NewError(types.ErrTryAgainLater, err.Error(), "")
 }
@@ -126,7 +141,7 @@ func add(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), conf.timeout)
 	defer cancel()
-	resp, err := Call(ctx, conf.Socket, Request{Verb: VerbAdd, Attachment: Attachment{args.ContainerID, args.IfName},
+	resp, err := gateproto.Call(ctx, conf.Socket, gateproto.Request{Verb: gateproto.VerbAdd, Attachment: attachment(args),
 		Namespace: ns, Name: name, IPs: ips})
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
@@ -148,7 +163,7 @@ func del(args *skel.CmdArgs) error {
 	defer cancel()
 	// An agent that is down or slow has nothing to undo that it will not undo itself, and DEL
 	// must not keep a pod from being torn down.
-	_, _ = Call(ctx, conf.Socket, Request{Verb: VerbDel, Attachment: Attachment{args.ContainerID, args.IfName}})
+	_, _ = gateproto.Call(ctx, conf.Socket, gateproto.Request{Verb: gateproto.VerbDel, Attachment: attachment(args)})
 	return nil
 }
 
@@ -167,7 +182,7 @@ func check(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), conf.timeout)
 	defer cancel()
-	resp, err := Call(ctx, conf.Socket, Request{Verb: VerbCheck, Attachment: Attachment{args.ContainerID, args.IfName},
+	resp, err := gateproto.Call(ctx, conf.Socket, gateproto.Request{Verb: gateproto.VerbCheck, Attachment: attachment(args),
 		Namespace: ns, Name: name, IPs: ips})
 	if err != nil {
 		return agentError(fmt.Errorf("pod %s/%s: %w", ns, name, err))
@@ -183,15 +198,15 @@ func gc(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	var valid []Attachment
+	var valid []gateproto.Attachment
 	for _, list := range [][]types.GCAttachment{conf.ValidAttachments, conf.OldAttachments} {
 		for _, a := range list {
-			valid = append(valid, Attachment{a.ContainerID, a.IfName})
+			valid = append(valid, gateproto.Attachment{ContainerID: a.ContainerID, IfName: a.IfName})
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(conf.timeout, delTimeout))
 	defer cancel()
-	resp, err := Call(ctx, conf.Socket, Request{Verb: VerbGC, Valid: valid})
+	resp, err := gateproto.Call(ctx, conf.Socket, gateproto.Request{Verb: gateproto.VerbGC, Valid: valid})
 	if err != nil {
 		return agentError(err)
 	}
@@ -208,7 +223,7 @@ func status(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(conf.timeout, delTimeout))
 	defer cancel()
-	resp, err := Call(ctx, conf.Socket, Request{Verb: VerbStatus})
+	resp, err := gateproto.Call(ctx, conf.Socket, gateproto.Request{Verb: gateproto.VerbStatus})
 	if err == nil && resp.Error != "" {
 		err = errors.New(resp.Error)
 	}

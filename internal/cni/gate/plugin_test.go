@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/netwarden/netwarden/internal/gateproto"
 )
 
 // TestParseConf: a malformed config is refused with an error naming the field.
@@ -23,7 +25,7 @@ func TestParseConf(t *testing.T) {
 		}
 	}
 	c, err := ParseConf([]byte(`{"cniVersion":"1.1.0","name":"n","type":"netwarden-gate","timeout":"250ms"}`))
-	if err != nil || c.timeout != 250*time.Millisecond || c.Socket != DefaultSocket {
+	if err != nil || c.timeout != 250*time.Millisecond || c.Socket != gateproto.DefaultSocket {
 		t.Errorf("got %+v, %v; want timeout 250ms on the default socket", c, err)
 	}
 	if _, err := c.attachmentIPs(); err == nil || !strings.Contains(err.Error(), "prevResult") {

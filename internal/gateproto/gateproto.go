@@ -1,15 +1,11 @@
-// Package gate is the netwarden-gate CNI plugin and its protocol with the node's agent.
-//
-// A pod can send and receive from the moment its interface has an address, while the agent
-// learns the address only when the API reports Pod.Status.PodIPs, well after. The plugin,
-// chained after the plugins that give the pod its addresses, tells the agent the pod's
-// namespace, name and addresses over a unix socket, and returns only once the agent has
-// installed that pod's verdicts; until then the agent's guard drops every packet of an
-// address in the node's pod CIDRs that it has no verdicts for. So a pod is judged from its
-// first packet: a timeout leaves it dropped (fail closed), never open.
+// Package gateproto is the contract on the agent's gate socket: the netwarden-gate CNI plugin
+// (internal/cni/gate) is the client, sending one pod attachment's verb with Call, and the node's
+// agent (internal/agent, gate.go) the server, reading it with ReadRequest and answering with
+// WriteResponse. It imports only the standard library, so the agent serves the socket without
+// linking the CNI libraries the plugin is built on.
 //
 // The protocol is one JSON request and one JSON response per connection, each a line.
-package gate
+package gateproto
 
 import (
 	"bufio"
