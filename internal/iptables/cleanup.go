@@ -21,17 +21,14 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 }
 
 // cleanupOtherVariant removes our rules from the iptables variant this backend does not use,
-// when that variant works here.
+// when that variant works here. A full sync needs it before it destroys the sets it no longer
+// uses, which the other variant's rules may still reference (ipsets are shared by both).
 func (b *Backend) cleanupOtherVariant(ctx context.Context) error {
 	other := xtables.ModeLegacy
 	if b.run.Mode == xtables.ModeLegacy {
 		other = xtables.ModeNFT
 	}
-	r, err := xtables.NewRunner(ctx, other)
-	if err != nil {
-		return nil // not usable here, so it holds nothing of ours
-	}
-	if err := CleanupRules(ctx, r); err != nil {
+	if err := CleanupLeftovers(ctx, other); err != nil {
 		return fmt.Errorf("removing our iptables-%s rules: %w", other, err)
 	}
 	return nil
