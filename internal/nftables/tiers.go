@@ -83,14 +83,8 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 		t := rs.Tier(tier)
 		for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
 			for _, v6 := range []bool{false, true} {
-				typ := "ipv4_addr : verdict"
-				if v6 {
-					typ = "ipv6_addr : verdict"
-				}
-				elems := rd.dispatchElements(t.Dispatch[dir], v6, groupFams)
-				m := newSet(typ, fmt.Sprintf("local pods subject to %s ClusterNetworkPolicy for %s -> the group judging them", tier, dir), elems)
-				m.isMap = true
-				r.Sets[tierMap(tier, dir, v6)] = m
+				r.Sets[tierMap(tier, dir, v6)] = rd.verdictMap(t.Dispatch[dir], v6, groupFams,
+					fmt.Sprintf("local pods subject to %s ClusterNetworkPolicy for %s -> the group judging them", tier, dir))
 			}
 		}
 		for name, g := range t.Groups {
