@@ -59,9 +59,21 @@ func lookups(dir policy.Direction, mapName func(v6 bool) string) []ruleSpec {
 // tier, NetworkPolicy, the baseline tier.
 func stages(dir policy.Direction) []ruleSpec {
 	var out []ruleSpec
-	out = append(out, lookups(dir, func(v6 bool) string { return tierMap(policy.AdminTier, dir, v6) })...)
-	out = append(out, lookups(dir, func(v6 bool) string { return dispatchMap(dir, v6) })...)
-	return append(out, lookups(dir, func(v6 bool) string { return tierMap(policy.BaselineTier, dir, v6) })...)
+	for _, st := range []policy.Stage{policy.AdminStage, policy.NetworkPolicyStage, policy.BaselineStage} {
+		out = append(out, lookups(dir, func(v6 bool) string { return stageMap(st, dir, v6) })...)
+	}
+	return out
+}
+
+// stageMap names the verdict map dispatching one stage, direction and family.
+func stageMap(stage policy.Stage, dir policy.Direction, v6 bool) string {
+	switch stage {
+	case policy.AdminStage:
+		return tierMap(policy.AdminTier, dir, v6)
+	case policy.NetworkPolicyStage:
+		return dispatchMap(dir, v6)
+	}
+	return tierMap(policy.BaselineTier, dir, v6)
 }
 
 // renderTiers adds the tiers' maps and chains to r.
