@@ -77,7 +77,7 @@ func Dump(r *Rendered) string {
 	for _, name := range slices.Sorted(maps.Keys(r.Sets)) {
 		s := r.Sets[name]
 		sb.WriteString(s.createLine(name) + "\n")
-		for _, m := range slices.Sorted(maps.Keys(s.elements())) {
+		for _, m := range s.Keys() {
 			fmt.Fprintf(&sb, "add %s %s\n", name, m)
 		}
 	}
@@ -216,13 +216,13 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 			target = swapSet
 		}
 		pre.WriteString(s.createLine(target) + "\n")
-		for _, m := range slices.Sorted(maps.Keys(s.elements())) {
+		for _, m := range s.Keys() {
 			fmt.Fprintf(&pre, "add %s %s\n", target, m)
 		}
 		if have[name] {
 			fmt.Fprintf(&pre, "swap %s %s\ndestroy %s\n", swapSet, name, swapSet)
 		}
-		res.Operations += 1 + s.count
+		res.Operations += 1 + s.Count()
 	}
 	if err := xtables.IPSetRestore(ctx, pre.Bytes()); err != nil {
 		return res, fmt.Errorf("iptables full sync: %w", err)

@@ -42,66 +42,46 @@ func (e Expectation) String() string {
 // Expectations is nftables.Expectations for this backend: what the verdict of direction dir
 // for local pod address local towards peer depends on in the kernel of local's node. The
 // Admin tier has its own dispatch tree; NetworkPolicy and the Baseline tier share one, in
-// which an address isolated by NetworkPolicy never leads to a Baseline group (see Render).
+// which an address isolated by NetworkPolicy never leads to a Baseline group (see
+// Rendered.dispatch).
 func Expectations(rs *policy.Ruleset, dir policy.Direction, local, peer netip.Addr) []Expectation {
-	fam := famOf(local)
+	stages := rs.StageGroups(dir, local)
+	judging := stages[:]
+	if stages[policy.NetworkPolicyStage].Group != "" {
+		// The Baseline fact of an isolated pod would only repeat the NetworkPolicy one: the
+		// address leads to its NetworkPolicy group, so to no Baseline group.
+		judging = stages[:policy.BaselineStage]
+	}
 	var out []Expectation
-	var policies []string
-
-	admin := Expectation{Root: adminRoot(dir), Addr: local, prefix: adminGroupPrefix}
-	if g, ok := rs.Admin.Dispatch[dir][local]; ok {
-		admin.Want = adminChain(g)
-		policies = append(policies, rs.Admin.Groups[g].Policies...)
-	}
-	out = append(out, admin)
-
-	np := Expectation{Root: npRoot(dir), Addr: local, prefix: groupPrefix}
-	g, isolated := rs.Dispatch[dir][local]
-	if isolated {
-		np.Want = groupChain(g)
-		policies = append(policies, rs.Groups[g].Policies...)
-	}
-	out = append(out, np)
-	// Listing the Baseline fact of an isolated pod would only repeat the one above: the
-	// address leads to its NetworkPolicy group, so to no Baseline group.
-	if !isolated {
-		base := Expectation{Root: npRoot(dir), Addr: local, prefix: baselineGroupPrefix}
-		if g, ok := rs.Baseline.Dispatch[dir][local]; ok {
-			base.Want = baselineChain(g)
-			policies = append(policies, rs.Baseline.Groups[g].Policies...)
+	for _, st := range judging {
+		root, prefix, chain := stageChains(st.Stage, dir)
+		e := Expectation{Root: root, Addr: local, prefix: prefix}
+		if st.Group != "" {
+			e.Want = chain(st.Group)
 		}
-		out = append(out, base)
+		out = append(out, e)
 	}
-
-	seen := map[string]bool{}
-	addSet := func(peers []policy.Peer) {
-		for _, p := range peers {
-			if p.AddrSet == "" || seen[p.AddrSet] {
-				continue
-			}
-			seen[p.AddrSet] = true
-			e := Expectation{Root: podSet(p.AddrSet, fam), Addr: peer, isSet: true}
-			if s := rs.AddrSets[p.AddrSet]; s != nil {
-				if _, ok := slices.BinarySearchFunc(s.Addrs, peer, netip.Addr.Compare); ok {
-					e.Want = "member"
-				}
-			}
-			out = append(out, e)
+	fam := famOf(local)
+	for _, set := range rs.PeerSets(judging...) {
+		e := Expectation{Root: podSet(set, fam), Addr: peer, isSet: true}
+		if rs.AddrSets[set].Holds(peer) {
+			e.Want = "member"
 		}
-	}
-	for _, name := range policies {
-		if pr := rs.Policies[name]; pr != nil {
-			for _, r := range pr.Rules {
-				addSet(r.Peers)
-			}
-		}
-		if cp := rs.ClusterPolicies[name]; cp != nil {
-			for _, r := range cp.Rules {
-				addSet(r.Peers)
-			}
-		}
+		out = append(out, e)
 	}
 	return out
+}
+
+// stageChains returns the root of a stage's dispatch tree in direction dir, the prefix of its
+// group chains' names, and what names one.
+func stageChains(stage policy.Stage, dir policy.Direction) (root, prefix string, chain func(group string) string) {
+	switch stage {
+	case policy.AdminStage:
+		return adminRoot(dir), adminGroupPrefix, adminChain
+	case policy.NetworkPolicyStage:
+		return npRoot(dir), groupPrefix, groupChain
+	}
+	return npRoot(dir), baselineGroupPrefix, baselineChain
 }
 
 // Programmed returns a runner for the iptables variant whose mangle table holds our chains

@@ -246,7 +246,7 @@ func TestKernelSyncVerifyCleanup(t *testing.T) {
 				}
 				var set string
 				for name, s := range b.applied.Sets {
-					if strings.HasPrefix(name, SetPrefix+"p4") && s.count > 0 {
+					if strings.HasPrefix(name, SetPrefix+"p4") && s.Count() > 0 {
 						set = name
 					}
 				}

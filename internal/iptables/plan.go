@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 )
 
@@ -58,30 +57,13 @@ func diff(old, new *Rendered) *plan {
 			}
 			before.WriteString(s.createLine(name) + "\n")
 			p.ops++
-			for _, m := range slices.Sorted(maps.Keys(s.elements())) {
+			for _, m := range s.Keys() {
 				fmt.Fprintf(&before, "add %s %s\n", name, m)
 				p.ops++
 			}
 			continue
 		}
-		var added, removed []string
-		if s.base != nil && s.base == o.src {
-			added, removed = s.added, s.removed
-		} else {
-			ne, oe := s.elements(), o.elements()
-			for m := range ne {
-				if !oe[m] {
-					added = append(added, m)
-				}
-			}
-			for m := range oe {
-				if !ne[m] {
-					removed = append(removed, m)
-				}
-			}
-			sort.Strings(added)
-			sort.Strings(removed)
-		}
+		added, removed := s.Changes(&o.Content)
 		for _, m := range added {
 			fmt.Fprintf(&before, "add %s %s -exist\n", name, m)
 		}

@@ -228,11 +228,11 @@ func TestWholeFamilyIPBlock(t *testing.T) {
 		// Only the lower half is left, and hash:net holds it as it is.
 		cidrSet("all6-but", v6): "::/1",
 	} {
-		if got := strings.Join(slices.Sorted(maps.Keys(r.Sets[name].elements())), " "); got != want {
+		if got := strings.Join(slices.Sorted(maps.Keys(r.Sets[name].Elements())), " "); got != want {
 			t.Errorf("%s = %s: %s, want %s", name, r.Sources[name], got, want)
 		}
 	}
-	got := r.Sets[cidrSet("all4-but", v4)].elements()
+	got := r.Sets[cidrSet("all4-but", v4)].Elements()
 	for _, m := range []string{"10.0.0.0/8", "192.0.2.7", "0.0.0.0/0"} {
 		if got[m] {
 			t.Errorf("all4-but holds %s", m)

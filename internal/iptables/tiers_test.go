@@ -165,7 +165,7 @@ func inSet(t *testing.T, r *Rendered, fam int, name, dirs string, p packet) bool
 	if strings.HasPrefix(dirs, "dst") {
 		addr = p.dst
 	}
-	members := s.elements()
+	members := s.Elements()
 	switch s.typ {
 	case "hash:ip":
 		return members[addr.String()]

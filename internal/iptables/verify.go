@@ -64,10 +64,10 @@ func (b *Backend) Verify(ctx context.Context) error {
 		if !ok {
 			return &Drift{Reason: "set " + name + " missing"}
 		}
-		if len(members) != s.count {
-			return &Drift{Reason: fmt.Sprintf("set %s has %d members, want %d", name, len(members), s.count)}
+		if len(members) != s.Count() {
+			return &Drift{Reason: fmt.Sprintf("set %s has %d members, want %d", name, len(members), s.Count())}
 		}
-		want := s.elements()
+		want := s.Elements()
 		for _, m := range members {
 			if !want[m] {
 				return &Drift{Reason: fmt.Sprintf("set %s holds %s, which it should not", name, m)}

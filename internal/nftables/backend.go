@@ -7,7 +7,6 @@ import (
 	"maps"
 	"os/exec"
 	"slices"
-	"sort"
 	"strings"
 
 	"sigs.k8s.io/knftables"
@@ -17,6 +16,7 @@ import (
 	"github.com/netwarden/netwarden/internal/nftjson"
 	"github.com/netwarden/netwarden/internal/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/setdelta"
 )
 
 // The capabilities the agent finds by type assertion.
@@ -195,7 +195,7 @@ func writeFull(tx *knftables.Transaction, r *Rendered, grouped bool) {
 	// Elements last: verdict map elements reference chains.
 	for _, name := range slices.Sorted(maps.Keys(r.Sets)) {
 		s := r.Sets[name]
-		elems := s.elements()
+		elems := s.Elements()
 		keys := slices.Sorted(maps.Keys(elems))
 		if !grouped || s.interval {
 			for _, k := range keys {
@@ -418,41 +418,21 @@ func addElementChange(tx *knftables.Transaction, e elementChange) {
 }
 
 func diffElements(out []elementChange, name string, s, old *set) []elementChange {
-	switch {
-	case old == nil:
-		elems := s.elements()
-		for _, k := range slices.Sorted(maps.Keys(elems)) {
-			out = append(out, elementChange{set: name, isMap: s.isMap, key: k, value: elems[k]})
+	var was *setdelta.Content[string]
+	if old != nil {
+		was = &old.Content
+	}
+	// Deletions before additions (a changed map value is both).
+	add, del := s.Changes(was)
+	for _, k := range del {
+		out = append(out, elementChange{set: name, isMap: s.isMap, key: k, delete: true})
+	}
+	for _, k := range add {
+		var value string
+		if s.isMap { // a set's elements have no value; a map's are given in full, so no lookup renders any
+			value = s.Elements()[k]
 		}
-	case s.base != nil && s.base == old.src:
-		// The renderer knows the difference from the version the kernel holds.
-		for _, k := range s.removed {
-			out = append(out, elementChange{set: name, key: k, delete: true})
-		}
-		for _, k := range s.added {
-			out = append(out, elementChange{set: name, key: k})
-		}
-	default:
-		newElems, oldElems := s.elements(), old.elements()
-		start := len(out)
-		for k, v := range oldElems {
-			if nv, ok := newElems[k]; !ok || nv != v {
-				out = append(out, elementChange{set: name, isMap: s.isMap, key: k, delete: true})
-			}
-		}
-		for k, v := range newElems {
-			if ov, ok := oldElems[k]; !ok || ov != v {
-				out = append(out, elementChange{set: name, isMap: s.isMap, key: k, value: v})
-			}
-		}
-		// Deletions before additions (a changed map value is both), each in key order.
-		sort.SliceStable(out[start:], func(i, j int) bool {
-			a, b := out[start+i], out[start+j]
-			if a.delete != b.delete {
-				return a.delete
-			}
-			return a.key < b.key
-		})
+		out = append(out, elementChange{set: name, isMap: s.isMap, key: k, value: value})
 	}
 	return out
 }
@@ -536,8 +516,8 @@ func compareCounts(want *Rendered, got counts) string {
 		if !ok {
 			return fmt.Sprintf("set %s missing", name)
 		}
-		if n != s.count {
-			return fmt.Sprintf("set %s has %d elements, want %d", name, n, s.count)
+		if n != s.Count() {
+			return fmt.Sprintf("set %s has %d elements, want %d", name, n, s.Count())
 		}
 	}
 	if len(got.chains) != len(want.Chains) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
-	"slices"
 	"strings"
 
 	"github.com/netwarden/netwarden/internal/policy"
@@ -41,46 +40,21 @@ func (e Expectation) String() string {
 // each pod set that a rule of the policies judging local names.
 func Expectations(rs *policy.Ruleset, dir policy.Direction, local, peer netip.Addr) []Expectation {
 	v6 := local.Is6()
+	stages := rs.StageGroups(dir, local)
 	var out []Expectation
-	var policies []string
-	dispatch := func(m string, d map[policy.Direction]map[netip.Addr]string, groups func(string) []string) {
-		e := Expectation{Set: m, Key: local.String(), isMap: true}
-		if g, ok := d[dir][local]; ok {
-			e.Want = "jump " + familyChain(g, v6)
-			policies = append(policies, groups(g)...)
+	for _, st := range stages {
+		e := Expectation{Set: stageMap(st.Stage, dir, v6), Key: local.String(), isMap: true}
+		if st.Group != "" {
+			e.Want = "jump " + familyChain(st.Group, v6)
 		}
 		out = append(out, e)
 	}
-	dispatch(tierMap(policy.AdminTier, dir, v6), rs.Admin.Dispatch, func(g string) []string { return rs.Admin.Groups[g].Policies })
-	dispatch(dispatchMap(dir, v6), rs.Dispatch, func(g string) []string { return rs.Groups[g].Policies })
-	dispatch(tierMap(policy.BaselineTier, dir, v6), rs.Baseline.Dispatch, func(g string) []string { return rs.Baseline.Groups[g].Policies })
-	seen := map[string]bool{}
-	addSet := func(peers []policy.Peer) {
-		for _, p := range peers {
-			if p.AddrSet == "" || seen[p.AddrSet] {
-				continue
-			}
-			seen[p.AddrSet] = true
-			e := Expectation{Set: p.AddrSet + famSuffix(v6), Key: peer.String()}
-			if s := rs.AddrSets[p.AddrSet]; s != nil {
-				if _, ok := slices.BinarySearchFunc(s.Addrs, peer, netip.Addr.Compare); ok {
-					e.Want = "member"
-				}
-			}
-			out = append(out, e)
+	for _, set := range rs.PeerSets(stages[:]...) {
+		e := Expectation{Set: set + famSuffix(v6), Key: peer.String()}
+		if rs.AddrSets[set].Holds(peer) {
+			e.Want = "member"
 		}
-	}
-	for _, name := range policies {
-		if pr := rs.Policies[name]; pr != nil {
-			for _, r := range pr.Rules {
-				addSet(r.Peers)
-			}
-		}
-		if cp := rs.ClusterPolicies[name]; cp != nil {
-			for _, r := range cp.Rules {
-				addSet(r.Peers)
-			}
-		}
+		out = append(out, e)
 	}
 	return out
 }

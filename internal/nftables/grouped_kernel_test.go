@@ -25,7 +25,7 @@ func TestGroupedFullSyncEqualsOneElementPerCommand(t *testing.T) {
 	r := Render(rs)
 	largest, maps := 0, 0
 	for _, s := range r.Sets {
-		largest = max(largest, len(s.elements()))
+		largest = max(largest, len(s.Elements()))
 		if s.isMap {
 			maps++
 		}

@@ -211,7 +211,7 @@ func newIntervalElements(s *set) ([]gnft.SetElement, error) {
 	if s.typ == "ipv6_addr" {
 		zero = netip.IPv6Unspecified()
 	}
-	for key := range s.elements() {
+	for key := range s.Elements() {
 		pfx, err := netip.ParsePrefix(key)
 		if err != nil {
 			a, aerr := netip.ParseAddr(key)

@@ -59,9 +59,21 @@ func lookups(dir policy.Direction, mapName func(v6 bool) string) []ruleSpec {
 // tier, NetworkPolicy, the baseline tier.
 func stages(dir policy.Direction) []ruleSpec {
 	var out []ruleSpec
-	out = append(out, lookups(dir, func(v6 bool) string { return tierMap(policy.AdminTier, dir, v6) })...)
-	out = append(out, lookups(dir, func(v6 bool) string { return dispatchMap(dir, v6) })...)
-	return append(out, lookups(dir, func(v6 bool) string { return tierMap(policy.BaselineTier, dir, v6) })...)
+	for _, st := range []policy.Stage{policy.AdminStage, policy.NetworkPolicyStage, policy.BaselineStage} {
+		out = append(out, lookups(dir, func(v6 bool) string { return stageMap(st, dir, v6) })...)
+	}
+	return out
+}
+
+// stageMap names the verdict map dispatching one stage, direction and family.
+func stageMap(stage policy.Stage, dir policy.Direction, v6 bool) string {
+	switch stage {
+	case policy.AdminStage:
+		return tierMap(policy.AdminTier, dir, v6)
+	case policy.NetworkPolicyStage:
+		return dispatchMap(dir, v6)
+	}
+	return tierMap(policy.BaselineTier, dir, v6)
 }
 
 // renderTiers adds the tiers' maps and chains to r.
@@ -83,14 +95,8 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 		t := rs.Tier(tier)
 		for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
 			for _, v6 := range []bool{false, true} {
-				typ := "ipv4_addr : verdict"
-				if v6 {
-					typ = "ipv6_addr : verdict"
-				}
-				elems := rd.dispatchElements(t.Dispatch[dir], v6, groupFams)
-				m := newSet(typ, fmt.Sprintf("local pods subject to %s ClusterNetworkPolicy for %s -> the group judging them", tier, dir), elems)
-				m.isMap = true
-				r.Sets[tierMap(tier, dir, v6)] = m
+				r.Sets[tierMap(tier, dir, v6)] = rd.verdictMap(t.Dispatch[dir], v6, groupFams,
+					fmt.Sprintf("local pods subject to %s ClusterNetworkPolicy for %s -> the group judging them", tier, dir))
 			}
 		}
 		for name, g := range t.Groups {

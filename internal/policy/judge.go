@@ -136,10 +136,8 @@ func (rs *Ruleset) peerMatches(peers []Peer, addr netip.Addr) bool {
 	for _, p := range peers {
 		switch {
 		case p.AddrSet != "":
-			if s := rs.AddrSets[p.AddrSet]; s != nil {
-				if _, found := slices.BinarySearchFunc(s.Addrs, addr, netip.Addr.Compare); found {
-					return true
-				}
+			if rs.AddrSets[p.AddrSet].Holds(addr) {
+				return true
 			}
 		case p.CIDRSet != "":
 			s := rs.CIDRSets[p.CIDRSet]

@@ -1,7 +1,10 @@
 package manifests
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
+	"io/fs"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -94,4 +97,22 @@ func (l location) docRef() string {
 		s += fmt.Sprintf(", items[%d]", l.item)
 	}
 	return s
+}
+
+func compareErrors(a, b error) int {
+	var ea, eb *Error
+	okA, okB := errors.As(a, &ea), errors.As(b, &eb)
+	if !okA || !okB {
+		return 0
+	}
+	return cmp.Or(cmp.Compare(ea.File, eb.File), cmp.Compare(ea.Document, eb.Document), cmp.Compare(ea.Item, eb.Item))
+}
+
+// unwrapPathError drops the path from an *fs.PathError, for messages that name the path already.
+func unwrapPathError(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }

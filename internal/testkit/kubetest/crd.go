@@ -238,18 +238,10 @@ func discoveryLists(disco discovery.DiscoveryInterface, groupVersion, resource s
 
 func (s *Server) dynamic(t testing.TB) dynamic.Interface {
 	t.Helper()
-	c, err := dynamic.NewForConfig(s.AdminConfig())
-	if err != nil {
-		t.Fatalf("kubetest: dynamic client: %v", err)
-	}
-	return c
+	return adminClient(t, s, "dynamic", dynamic.NewForConfig)
 }
 
 func (s *Server) discovery(t testing.TB) discovery.DiscoveryInterface {
 	t.Helper()
-	c, err := discovery.NewDiscoveryClientForConfig(s.AdminConfig())
-	if err != nil {
-		t.Fatalf("kubetest: discovery client: %v", err)
-	}
-	return c
+	return adminClient(t, s, "discovery", discovery.NewDiscoveryClientForConfig)
 }

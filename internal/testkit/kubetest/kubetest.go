@@ -16,7 +16,6 @@ package kubetest
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
@@ -29,24 +28,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
-
-	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // EnvBinDir names the environment variable that holds the directory of the kube-apiserver and etcd
@@ -67,7 +53,6 @@ const ServiceClusterIPRange = "10.96.0.0/16"
 const (
 	readyTimeout = 2 * time.Minute // generous: the test binaries of other packages may share the 2 cores
 	stopTimeout  = 15 * time.Second
-	logLimit     = 4 << 20 // bytes of each process's log kept in memory
 )
 
 // Options configures Start.
@@ -214,80 +199,6 @@ func start(t testing.TB, binDir string, opts Options) (_ *Server, err error) {
 	}
 	t.Logf("kubetest: kube-apiserver %s ready in %v", s.URL, s.StartupTime.Round(time.Millisecond))
 	return s, nil
-}
-
-// AdminConfig returns a client configuration with the admin token. Each call returns a new Config.
-func (s *Server) AdminConfig() *rest.Config {
-	return s.Config(s.AdminToken)
-}
-
-// Config returns a client configuration that authenticates with the given bearer token.
-func (s *Server) Config(token string) *rest.Config {
-	return &rest.Config{
-		Host:            s.URL,
-		BearerToken:     token,
-		TLSClientConfig: rest.TLSClientConfig{CAData: bytes.Clone(s.CACert)},
-		QPS:             500,
-		Burst:           1000,
-		// No Timeout: it would also cut watches (informers) short.
-	}
-}
-
-// AdminClient returns a clientset with the admin token.
-func (s *Server) AdminClient(t testing.TB) kubernetes.Interface {
-	t.Helper()
-	c, err := kubernetes.NewForConfig(s.AdminConfig())
-	if err != nil {
-		t.Fatalf("kubetest: admin client: %v", err)
-	}
-	return c
-}
-
-// Kubeconfig writes a kubeconfig file that authenticates with token (the admin token when empty)
-// into a temporary directory of t and returns its path.
-func (s *Server) Kubeconfig(t testing.TB, token string) string {
-	t.Helper()
-	if token == "" {
-		token = s.AdminToken
-	}
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: s.URL, CertificateAuthorityData: bytes.Clone(s.CACert)}
-	cfg.AuthInfos["kubetest"] = &clientcmdapi.AuthInfo{Token: token}
-	cfg.Contexts["kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: "kubetest", Namespace: corev1.NamespaceDefault}
-	cfg.CurrentContext = "kubetest"
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		t.Fatalf("kubetest: writing kubeconfig: %v", err)
-	}
-	return path
-}
-
-// CreateServiceAccountToken creates the namespace and the service account name in it unless they
-// exist, and returns a token for that service account from the TokenRequest API, valid for an hour.
-// The service account has no permissions until the test binds it a role.
-func (s *Server) CreateServiceAccountToken(t testing.TB, namespace, name string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := kubernetes.NewForConfig(s.AdminConfig())
-	if err != nil {
-		t.Fatalf("kubetest: %v", err)
-	}
-	if err := EnsureNamespace(ctx, c, namespace, nil); err != nil {
-		t.Fatalf("kubetest: %v", err)
-	}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
-	if _, err := c.CoreV1().ServiceAccounts(namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatalf("kubetest: creating service account %s/%s: %v", namespace, name, err)
-	}
-	expiry := int64(3600)
-	tr, err := c.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("kubetest: requesting a token for service account %s/%s: %v", namespace, name, err)
-	}
-	return tr.Status.Token
 }
 
 // StopAPIServer stops kube-apiserver gracefully (etcd keeps running): it answers requests with 429
@@ -491,202 +402,4 @@ func randomToken() (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(b), nil
-}
-
-// findBinDir returns the directory that holds both binaries, or skips (fails under CI) the test.
-// Binary returns the path of a binary that hack/kube-binaries.sh builds (kube-apiserver, etcd,
-// kubectl), found as Start finds them. It skips the test when it is missing, or fails it when
-// $CI is set.
-func Binary(t testing.TB, name string) string {
-	t.Helper()
-	return filepath.Join(findBinDir(t, "", name), name)
-}
-
-func findBinDir(t testing.TB, dir string, names ...string) string {
-	t.Helper()
-	source := "Options.BinDir"
-	if dir == "" {
-		dir, source = os.Getenv(EnvBinDir), "$"+EnvBinDir
-	}
-	if dir == "" {
-		dir, source = defaultBinDir(), "the default cache directory of hack/kube-binaries.sh"
-	}
-	var missing []string
-	for _, name := range names {
-		if dir == "" {
-			missing = append(missing, name)
-			continue
-		}
-		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) == 0 {
-		return dir
-	}
-	where := "no directory found"
-	if dir != "" {
-		where = "not in " + dir + " (from " + source + ")"
-	}
-	msg := fmt.Sprintf("kubetest: %s %s; build them with `make kube-binaries` and set %s=$(hack/kube-binaries.sh)",
-		strings.Join(missing, " and "), where, EnvBinDir)
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg + " (CI is set: integration tests must run)")
-	}
-	t.Skip("skipping: " + msg)
-	return ""
-}
-
-// defaultBinDir returns where hack/kube-binaries.sh puts the binaries when KUBE_BIN_DIR is unset:
-// $HOME/.cache/netwarden/kube-bin/<kubernetes-version>-<etcd-version>, with the versions pinned
-// by hack/kubetools/go.mod, found by walking up from the working directory. It returns "" when
-// either cannot be found.
-func defaultBinDir() string {
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return ""
-	}
-	wd, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for d := wd; ; d = filepath.Dir(d) {
-		if gomod, err := os.ReadFile(filepath.Join(d, "hack", "kubetools", "go.mod")); err == nil {
-			k8s, etcd := requiredVersion(gomod, "k8s.io/kubernetes"), requiredVersion(gomod, "go.etcd.io/etcd/server/v3")
-			if k8s == "" || etcd == "" {
-				return ""
-			}
-			return filepath.Join(home, ".cache", "netwarden", "kube-bin", k8s+"-"+etcd)
-		}
-		if filepath.Dir(d) == d {
-			return ""
-		}
-	}
-}
-
-// requiredVersion returns the version of module in a require line of gomod.
-func requiredVersion(gomod []byte, module string) string {
-	for _, line := range strings.Split(string(gomod), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 3 && f[0] == "require" {
-			f = f[1:]
-		}
-		if len(f) >= 2 && f[0] == module && strings.HasPrefix(f[1], "v") {
-			return f[1]
-		}
-	}
-	return ""
-}
-
-// process is a started child process whose output goes to a LogBuffer.
-type process struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
-	err  error         // of Wait, set before done is closed
-}
-
-// OnSpawnThread runs fn, which starts a process, on the one OS thread that starts every test
-// process. The kernel sends Pdeathsig when the OS thread that started a process exits, not when
-// the test binary does, and the netns test bed retires OS threads on purpose. So every process
-// (etcd, kube-apiserver, kube-proxy, agents) is started from one goroutine that stays locked
-// to its thread for the life of the binary.
-var (
-	spawnOnce sync.Once
-	spawnReqs chan func()
-)
-
-func OnSpawnThread(fn func()) {
-	spawnOnce.Do(func() {
-		spawnReqs = make(chan func())
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives as long as the binary
-			for req := range spawnReqs {
-				req()
-			}
-		}()
-	})
-	done := make(chan struct{})
-	spawnReqs <- func() { fn(); close(done) }
-	<-done
-}
-
-func startProcess(path string, args []string, logs *LogBuffer) (*process, error) {
-	cmd := exec.Command(path, args...)
-	cmd.Stdout = logs
-	cmd.Stderr = logs
-	cmd.SysProcAttr = sysProcAttr()
-	var err error
-	OnSpawnThread(func() { err = cmd.Start() })
-	if err != nil {
-		return nil, err
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-func (p *process) exited() (bool, error) {
-	select {
-	case <-p.done:
-		return true, p.err
-	default:
-		return false, nil
-	}
-}
-
-// stop sends SIGTERM, and SIGKILL if the process has not exited after timeout. A zero timeout
-// sends SIGKILL only.
-func (p *process) stop(timeout time.Duration) {
-	if timeout <= 0 {
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-// LogBuffer keeps the last 4 MiB written to it (a process's output), and copies them to stderr
-// when $KUBETEST_VERBOSE is set.
-type LogBuffer struct {
-	name string
-	tee  bool
-	mu   sync.Mutex
-	buf  []byte
-}
-
-// NewLogBuffer returns a LogBuffer whose copies to stderr are prefixed with name.
-func NewLogBuffer(name string) *LogBuffer {
-	return &LogBuffer{name: name, tee: os.Getenv(EnvVerbose) != ""}
-}
-
-func (b *LogBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.tee {
-		for _, line := range strings.SplitAfter(string(p), "\n") {
-			if line != "" {
-				fmt.Fprintf(os.Stderr, "[%s] %s", b.name, line)
-			}
-		}
-	}
-	b.buf = append(b.buf, p...)
-	if over := len(b.buf) - logLimit; over > 0 {
-		b.buf = append(b.buf[:0], b.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (b *LogBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
 }

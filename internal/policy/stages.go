@@ -1,0 +1,83 @@
+package policy
+
+import (
+	"net/netip"
+	"slices"
+)
+
+// Stage is one stage of the judgement of a direction, in judging order: the admin tier of
+// ClusterNetworkPolicy, NetworkPolicy, the baseline tier.
+type Stage int
+
+const (
+	AdminStage Stage = iota
+	NetworkPolicyStage
+	BaselineStage
+)
+
+// StageGroup is where one stage's dispatch leads a local pod address in one direction: the
+// fact a backend's dispatch (maps, chains) must hold for the address.
+type StageGroup struct {
+	Stage Stage
+	// Group is the stage's group that the address is dispatched to, "" when none.
+	Group string
+	// Policies are the group's policies (chain names), in the group's order.
+	Policies []string
+}
+
+// StageGroups returns where each stage's dispatch leads local in direction dir, in judging
+// order. Every stage is listed, as each dispatches independently; which of them judge the
+// address (an earlier stage may decide, and a pod NetworkPolicy isolates never meets the
+// baseline tier) is Judge's business.
+func (rs *Ruleset) StageGroups(dir Direction, local netip.Addr) [3]StageGroup {
+	out := [3]StageGroup{{Stage: AdminStage}, {Stage: NetworkPolicyStage}, {Stage: BaselineStage}}
+	for i, d := range []struct {
+		dispatch map[Direction]map[netip.Addr]string
+		groups   map[string]Group
+	}{{rs.Admin.Dispatch, rs.Admin.Groups}, {rs.Dispatch, rs.Groups}, {rs.Baseline.Dispatch, rs.Baseline.Groups}} {
+		if g, ok := d.dispatch[dir][local]; ok {
+			out[i].Group, out[i].Policies = g, d.groups[g].Policies
+		}
+	}
+	return out
+}
+
+// PeerSets returns the pod peer sets (names in AddrSets) that the rules of the groups'
+// policies name, NetworkPolicies and ClusterNetworkPolicies alike: the sets whose holding of
+// the peer a verdict of those groups depends on. Each is listed once, in the order first named.
+func (rs *Ruleset) PeerSets(groups ...StageGroup) []string {
+	var out []string
+	seen := map[string]bool{}
+	add := func(peers []Peer) {
+		for _, p := range peers {
+			if p.AddrSet != "" && !seen[p.AddrSet] {
+				seen[p.AddrSet] = true
+				out = append(out, p.AddrSet)
+			}
+		}
+	}
+	for _, g := range groups {
+		for _, name := range g.Policies {
+			if pr := rs.Policies[name]; pr != nil {
+				for _, r := range pr.Rules {
+					add(r.Peers)
+				}
+			}
+			if cp := rs.ClusterPolicies[name]; cp != nil {
+				for _, r := range cp.Rules {
+					add(r.Peers)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Holds reports whether s, which may be nil, holds addr.
+func (s *AddrSet) Holds(addr netip.Addr) bool {
+	if s == nil {
+		return false
+	}
+	_, found := slices.BinarySearchFunc(s.Addrs, addr, netip.Addr.Compare)
+	return found
+}
