@@ -57,11 +57,11 @@ type NetworkPolicy struct {
 	// CompactDelay is how long the rules must have been quiet before a backend's deferred
 	// removals are applied (see dataplane.Compactor).
 	CompactDelay time.Duration
-	// DropLog, when set, logs the packets policy drops (see dataplane.DropLog): the backend
+	// DropLog, when set, logs the packets policy drops (see policy.DropLog): the backend
 	// adds the log rules and the agent reads the group, one line per denied attempt.
-	DropLog *dataplane.DropLog
+	DropLog *policy.DropLog
 	// Counters, when set, counts the packets each policy's rules decide and exports them as
-	// netwarden_policy_packets_total (backends that implement dataplane.PolicyCounters).
+	// netwarden_policy_packets_total (backends that implement policy.PolicyCounters).
 	Counters bool
 
 	// Guard, DenyMark and GateSocket: see guarded.go.
@@ -122,10 +122,10 @@ func New(cfg Config) *Agent {
 	if a.np != nil {
 		a.status.policy = &statusapi.FeatureStatus{Backend: a.np.Backend.Name()}
 		a.policy = a.newPolicyLoop()
-		if dl, ok := a.np.Backend.(dataplane.DropLogger); ok && a.np.DropLog != nil {
+		if dl, ok := a.np.Backend.(policy.DropLogger); ok && a.np.DropLog != nil {
 			dl.SetDropLog(a.np.DropLog)
 		}
-		if pc, ok := a.np.Backend.(dataplane.PolicyCounters); ok && a.np.Counters {
+		if pc, ok := a.np.Backend.(policy.PolicyCounters); ok && a.np.Counters {
 			pc.SetPolicyCounters(true)
 			a.metrics.registry.MustRegister(newPolicyCounterCollector(a, pc))
 		}

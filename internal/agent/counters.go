@@ -8,7 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -18,7 +17,7 @@ import (
 // rule counted since it last looked, so the exported counters only grow.
 type policyCounterCollector struct {
 	a    *Agent
-	pc   dataplane.PolicyCounters
+	pc   policy.PolicyCounters
 	desc *prometheus.Desc
 
 	mu     sync.Mutex
@@ -26,7 +25,7 @@ type policyCounterCollector struct {
 	totals map[[5]string]float64 // by label values
 }
 
-func newPolicyCounterCollector(a *Agent, pc dataplane.PolicyCounters) *policyCounterCollector {
+func newPolicyCounterCollector(a *Agent, pc policy.PolicyCounters) *policyCounterCollector {
 	return &policyCounterCollector{a: a, pc: pc, last: map[string]uint64{}, totals: map[[5]string]float64{},
 		desc: prometheus.NewDesc("netwarden_policy_packets_total",
 			"Packets the rules of each policy decided (the first of each connection; later ones are accepted as established before any policy), by kind (NetworkPolicy or ClusterNetworkPolicy), namespace, policy, direction and verdict. A drop for want of an admitting NetworkPolicy rule names every policy isolating the pod. --policy-counters.",
@@ -54,7 +53,7 @@ func (c *policyCounterCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func (c *policyCounterCollector) add(rs *policy.Ruleset, rules []dataplane.RuleCounter) {
+func (c *policyCounterCollector) add(rs *policy.Ruleset, rules []policy.RuleCounter) {
 	seen := make(map[string]uint64, len(rules))
 	for _, r := range rules {
 		seen[r.Rule] = r.Packets
@@ -75,7 +74,7 @@ func (c *policyCounterCollector) add(rs *policy.Ruleset, rules []dataplane.RuleC
 	c.last = seen
 }
 
-func counterLabels(rs *policy.Ruleset, r dataplane.RuleCounter) ([5]string, bool) {
+func counterLabels(rs *policy.Ruleset, r policy.RuleCounter) ([5]string, bool) {
 	if p := rs.Policies[r.Source]; p != nil {
 		ns, name, _ := strings.Cut(p.Source, "/")
 		return [5]string{"NetworkPolicy", ns, name, string(p.Direction), r.Verdict}, true

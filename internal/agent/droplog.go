@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/nflog"
 	"github.com/netwarden/netwarden/internal/policy"
 )
@@ -46,7 +45,7 @@ const (
 	maxSeen     = 1 << 14
 )
 
-func openDropLog(a *Agent, cfg *dataplane.DropLog) (*dropLog, error) {
+func openDropLog(a *Agent, cfg *policy.DropLog) (*dropLog, error) {
 	conn, err := nflog.Open(cfg.Group)
 	if err != nil {
 		return nil, err

@@ -23,7 +23,6 @@ import (
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/backendchoice"
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/source/kubeapi"
 	"github.com/netwarden/netwarden/internal/source/manifests"
@@ -223,7 +222,7 @@ func agentCmd() *cobra.Command {
 				}
 				log.Info("backend selected", "backend", np.Backend.Name(), "requested", f.backend)
 				if df.counters {
-					if _, ok := np.Backend.(dataplane.PolicyCounters); !ok {
+					if _, ok := np.Backend.(policy.PolicyCounters); !ok {
 						return fmt.Errorf("--policy-counters: the %s backend has no per-policy counters (nftables has)", np.Backend.Name())
 					}
 					np.Counters = true

@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/policy"
 )
 
 // dropFlags configure drop logging (agent --log-drops).
@@ -36,7 +36,7 @@ func (f *dropFlags) register(cmd *cobra.Command) {
 }
 
 // config returns the drop log configuration the flags ask for, nil when it is off.
-func (f *dropFlags) config(networkPolicy bool) (*dataplane.DropLog, error) {
+func (f *dropFlags) config(networkPolicy bool) (*policy.DropLog, error) {
 	if !f.enabled {
 		return nil, nil
 	}
@@ -49,5 +49,5 @@ func (f *dropFlags) config(networkPolicy bool) (*dataplane.DropLog, error) {
 	if f.burst < 1 || f.burst > maxLogRate {
 		return nil, fmt.Errorf("--log-drops-burst %d: want 1 to %d packets", f.burst, maxLogRate)
 	}
-	return &dataplane.DropLog{Group: f.group, Rate: f.rate, Burst: f.burst}, nil
+	return &policy.DropLog{Group: f.group, Rate: f.rate, Burst: f.burst}, nil
 }

@@ -66,42 +66,6 @@ type Compactor interface {
 	Compact(ctx context.Context) (SyncResult, error)
 }
 
-// DropLog configures the logging of packets the policy rules drop: each drop is sent to
-// NFLOG group Group with its policy.DropReasons ID as prefix, for packets of new connections
-// only (each denied attempt once), at most Rate a second with bursts of Burst, limited in the
-// kernel so that a flood of denied packets cannot flood the reader.
-type DropLog struct {
-	Group uint16
-	Rate  uint32 // packets a second, per drop rule
-	Burst uint32
-}
-
-// DropLogger is a NetworkPolicy backend that can log the packets its rules drop. SetDropLog is
-// called before the first sync; nil (the default) logs nothing.
-type DropLogger interface {
-	SetDropLog(*DropLog)
-}
-
-// RuleCounter is what one counted rule of a backend has seen.
-type RuleCounter struct {
-	// Source is the Ruleset key of the policy, ClusterNetworkPolicy or group whose rule it
-	// is (a key of Policies, ClusterPolicies or Groups).
-	Source string
-	// Rule tells the rule apart from the others of Source for as long as it exists; a rule
-	// rewritten in place is a new rule, whose count starts again at zero.
-	Rule    string
-	Verdict string // accept, drop or pass
-	Packets uint64
-}
-
-// PolicyCounters is a NetworkPolicy backend that can count the packets each policy's rules
-// decide. SetPolicyCounters is called before the first sync; ReadCounters lists the counted
-// rules and must not disturb a sync running at the same time.
-type PolicyCounters interface {
-	SetPolicyCounters(bool)
-	ReadCounters(ctx context.Context) ([]RuleCounter, error)
-}
-
 // KernelTable names a netfilter table: Family as nft spells it (inet, ip, ip6), and Name.
 // Legacy marks an iptables-legacy table (ip or ip6), which raises no notifications.
 type KernelTable struct {

@@ -16,7 +16,7 @@ import (
 // The capabilities the agent finds by type assertion.
 var (
 	_ policy.Backend         = (*Backend)(nil)
-	_ dataplane.DropLogger   = (*Backend)(nil)
+	_ policy.DropLogger      = (*Backend)(nil)
 	_ dataplane.Compactor    = (*Backend)(nil)
 	_ dataplane.KernelTables = (*Backend)(nil)
 )
@@ -88,8 +88,8 @@ func Dump(r *Rendered) string {
 	return sb.String()
 }
 
-// SetDropLog implements dataplane.DropLogger. The next sync renders every chain anew.
-func (b *Backend) SetDropLog(l *dataplane.DropLog) { b.renderer = Renderer{log: l} }
+// SetDropLog implements policy.DropLogger. The next sync renders every chain anew.
+func (b *Backend) SetDropLog(l *policy.DropLog) { b.renderer = Renderer{log: l} }
 
 // Sync implements policy.Backend.
 func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {

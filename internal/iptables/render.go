@@ -130,7 +130,7 @@ func (r *Rendered) Err() error { return r.err }
 type Renderer struct {
 	prev, cur renderCache
 	// log, when set, adds a rate-limited NFLOG rule before every drop the policies make.
-	log *dataplane.DropLog
+	log *policy.DropLog
 }
 
 type renderCache struct {

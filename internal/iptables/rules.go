@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -96,7 +95,7 @@ func portRange(r policy.PortRange) string {
 // connections are logged, so that each denied attempt logs once, and the limit is in the
 // kernel, so that a flood is cut where it arises. The spelling is iptables-save's, which
 // Verify compares with (it leaves out a burst of 5, xt_limit's default).
-func logLine(l *dataplane.DropLog, id string) string {
+func logLine(l *policy.DropLog, id string) string {
 	burst := ""
 	if l.Burst != 5 {
 		burst = fmt.Sprintf(" --limit-burst %d", l.Burst)

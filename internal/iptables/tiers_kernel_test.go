@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
@@ -464,7 +463,7 @@ func TestKernelTiersCleanupPending(t *testing.T) {
 func TestKernelCompiledTiers(t *testing.T) {
 	// With drop logging too: its rules must read back from iptables-save as rendered, or
 	// Verify would repair them on every resync.
-	for _, log := range []*dataplane.DropLog{nil, {Group: 9, Rate: 10, Burst: 20}} {
+	for _, log := range []*policy.DropLog{nil, {Group: 9, Rate: 10, Burst: 20}} {
 		for _, mode := range modes {
 			name := string(mode)
 			if log != nil {
@@ -475,7 +474,7 @@ func TestKernelCompiledTiers(t *testing.T) {
 	}
 }
 
-func testCompiledTiers(t *testing.T, mode xtables.Mode, log *dataplane.DropLog) {
+func testCompiledTiers(t *testing.T, mode xtables.Mode, log *policy.DropLog) {
 	inFreshNetNS(t, func() {
 		ctx := context.Background()
 		b, err := New(ctx, mode)

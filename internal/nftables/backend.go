@@ -21,10 +21,10 @@ import (
 
 // The capabilities the agent finds by type assertion.
 var (
-	_ policy.Backend           = (*Backend)(nil)
-	_ dataplane.DropLogger     = (*Backend)(nil)
-	_ dataplane.PolicyCounters = (*Backend)(nil)
-	_ dataplane.KernelTables   = (*Backend)(nil)
+	_ policy.Backend         = (*Backend)(nil)
+	_ policy.DropLogger      = (*Backend)(nil)
+	_ policy.PolicyCounters  = (*Backend)(nil)
+	_ dataplane.KernelTables = (*Backend)(nil)
 )
 
 // Backend owns table inet netwarden.
@@ -57,8 +57,8 @@ func New() (*Backend, error) {
 // tests of rendering.
 func NewWithInterface(nft knftables.Interface) *Backend { return &Backend{nft: nft} }
 
-// SetDropLog implements dataplane.DropLogger. The next sync renders every chain anew.
-func (b *Backend) SetDropLog(l *dataplane.DropLog) {
+// SetDropLog implements policy.DropLogger. The next sync renders every chain anew.
+func (b *Backend) SetDropLog(l *policy.DropLog) {
 	b.renderer = Renderer{log: l}
 }
 

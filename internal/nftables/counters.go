@@ -10,10 +10,10 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/policy"
 )
 
-// SetPolicyCounters implements dataplane.PolicyCounters: every rule that ends a policy's
+// SetPolicyCounters implements policy.PolicyCounters: every rule that ends a policy's
 // judgement (a NetworkPolicy's accepts, each ClusterNetworkPolicy rule, and a group's drop)
 // gets an anonymous counter. It adds work only to the packets such a rule matches, the first
 // of each connection, and no object of its own: the counters come and go with their rules, so
@@ -23,11 +23,11 @@ func (b *Backend) SetPolicyCounters(on bool) {
 	b.renderer = Renderer{log: log, counters: on}
 }
 
-// ReadCounters implements dataplane.PolicyCounters. It dumps the table's rules over netlink,
+// ReadCounters implements policy.PolicyCounters. It dumps the table's rules over netlink,
 // without their sets, which is what makes it cheap next to a listing (the sets hold most of a
 // large table), and it takes no lock a sync needs: the kernel serves the dump from its rules
 // as they are.
-func (b *Backend) ReadCounters(ctx context.Context) ([]dataplane.RuleCounter, error) {
+func (b *Backend) ReadCounters(ctx context.Context) ([]policy.RuleCounter, error) {
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
 	if err != nil {
 		return nil, err
@@ -47,7 +47,7 @@ func (b *Backend) ReadCounters(ctx context.Context) ([]dataplane.RuleCounter, er
 	if err != nil {
 		return nil, fmt.Errorf("dumping the rules of table inet %s: %w", TableName, err)
 	}
-	var out []dataplane.RuleCounter
+	var out []policy.RuleCounter
 	for _, m := range msgs {
 		if len(m.Data) < 4 {
 			continue
@@ -60,16 +60,16 @@ func (b *Backend) ReadCounters(ctx context.Context) ([]dataplane.RuleCounter, er
 }
 
 // parseCountedRule reads a rule message; ok is false for a rule without a counter.
-func parseCountedRule(b []byte) (dataplane.RuleCounter, bool) {
+func parseCountedRule(b []byte) (policy.RuleCounter, bool) {
 	ad, err := netlink.NewAttributeDecoder(b)
 	if err != nil {
-		return dataplane.RuleCounter{}, false
+		return policy.RuleCounter{}, false
 	}
 	ad.ByteOrder = binary.BigEndian
 	var chain string
 	var handle uint64
 	counted := false
-	var rc dataplane.RuleCounter
+	var rc policy.RuleCounter
 	for ad.Next() {
 		switch ad.Type() {
 		case unix.NFTA_RULE_CHAIN:

@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -171,10 +170,10 @@ func TestKernelFullIncrementalVerifyCleanup(t *testing.T) {
 // and on (the log rules have both encodings too).
 func TestNetlinkAndCLIProgramTheSameTable(t *testing.T) {
 	t.Run("plain", func(t *testing.T) { testNetlinkAndCLI(t, nil) })
-	t.Run("log-drops+counters", func(t *testing.T) { testNetlinkAndCLI(t, &dataplane.DropLog{Group: 7, Rate: 10, Burst: 20}) })
+	t.Run("log-drops+counters", func(t *testing.T) { testNetlinkAndCLI(t, &policy.DropLog{Group: 7, Rate: 10, Burst: 20}) })
 }
 
-func testNetlinkAndCLI(t *testing.T, log *dataplane.DropLog) {
+func testNetlinkAndCLI(t *testing.T, log *policy.DropLog) {
 	inFreshNetNS(t, func() {
 		ctx := context.Background()
 		b, err := New()

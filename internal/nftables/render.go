@@ -83,7 +83,7 @@ type Renderer struct {
 	// between renders: most names stay, and building them again is most of a render's garbage.
 	names map[string]*chainNames
 	// log, when set, adds a rate-limited NFLOG statement before every drop the policies make.
-	log *dataplane.DropLog
+	log *policy.DropLog
 	// counters adds a counter to every rule that ends a policy's judgement (see PolicyCounters).
 	counters bool
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -25,7 +24,7 @@ type ruleSpec struct {
 	drop     bool
 	// log, when set, makes a rule with no verdict: for the first packet of a connection, within
 	// the rate limit, send the packet to NFLOG with logPrefix.
-	log       *dataplane.DropLog
+	log       *policy.DropLog
 	logPrefix string
 	// counter counts the packets the rule matches, just before its verdict.
 	counter bool
@@ -42,7 +41,7 @@ type ruleSpec struct {
 // logSpec is the rule logging a drop whose ID is id; the drop follows it. Only packets of
 // new connections are logged, so that each denied attempt logs once however long the peer
 // retries within it, and the limit is in the kernel, so that a flood is cut where it arises.
-func logSpec(l *dataplane.DropLog, id string) ruleSpec { return ruleSpec{log: l, logPrefix: id} }
+func logSpec(l *policy.DropLog, id string) ruleSpec { return ruleSpec{log: l, logPrefix: id} }
 
 func (r ruleSpec) text() string {
 	switch {

@@ -3,7 +3,6 @@ package nftables
 import (
 	"fmt"
 
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -122,7 +121,7 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 // it in the Ruleset) as its IPv4 and IPv6 chain, in order, each rule ending in its action's
 // verdict. With drop logging a Deny rule goes to a chain of its own that logs and drops,
 // which leaves one rule per match: packets the rule does not match cost what they did.
-func clusterPolicyChains(name string, p *policy.ClusterPolicyRules, log *dataplane.DropLog, counters bool) clusterChains {
+func clusterPolicyChains(name string, p *policy.ClusterPolicyRules, log *policy.DropLog, counters bool) clusterChains {
 	var specs [2][]ruleSpec
 	var drops map[string]*chain
 	for _, rule := range p.Rules {

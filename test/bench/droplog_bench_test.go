@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/nflog"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -24,7 +23,7 @@ import (
 // are paired and rotated as in connRate, so that drift of a shared machine cancels out.
 func BenchmarkConnRateDropLog(b *testing.B) {
 	logOn := func(be policy.Backend) bool {
-		be.(dataplane.DropLogger).SetDropLog(&dataplane.DropLog{Group: 100, Rate: 10, Burst: 20})
+		be.(policy.DropLogger).SetDropLog(&policy.DropLog{Group: 100, Rate: 10, Burst: 20})
 		return true
 	}
 	b.Run("nftables", func(b *testing.B) {
@@ -35,7 +34,7 @@ func BenchmarkConnRateDropLog(b *testing.B) {
 	})
 	b.Run("nftables-counters", func(b *testing.B) {
 		connRateWith(b, func() (policy.Backend, error) { return nftables.New() }, func(be policy.Backend) bool {
-			be.(dataplane.PolicyCounters).SetPolicyCounters(true)
+			be.(policy.PolicyCounters).SetPolicyCounters(true)
 			return false
 		})
 	})
