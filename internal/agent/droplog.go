@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/nflog"
+	"github.com/netwarden/netwarden/internal/kernel/nflog"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 

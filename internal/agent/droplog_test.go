@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/nflog"
+	"github.com/netwarden/netwarden/internal/kernel/nflog"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/netwarden/netwarden/internal/conntrack"
-	"github.com/netwarden/netwarden/internal/nftnl"
+	"github.com/netwarden/netwarden/internal/kernel/conntrack"
+	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/statusapi"
 )

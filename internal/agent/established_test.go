@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/conntrack"
+	"github.com/netwarden/netwarden/internal/kernel/conntrack"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/command"
 	"github.com/netwarden/netwarden/internal/dataplane"
-	"github.com/netwarden/netwarden/internal/kernelwatch"
+	"github.com/netwarden/netwarden/internal/kernel/command"
+	"github.com/netwarden/netwarden/internal/kernel/kernelwatch"
 )
 
 // legacyPollInterval is how often the shapes of iptables-legacy tables are read: a few

@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/netwarden/netwarden/internal/xtables"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 )
 
 // Kind is a kernel interface a backend can program.

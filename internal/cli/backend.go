@@ -9,10 +9,10 @@ import (
 	"github.com/netwarden/netwarden/internal/backendchoice"
 	"github.com/netwarden/netwarden/internal/guard"
 	"github.com/netwarden/netwarden/internal/iptables"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/masquerade"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // A feature's rules in the kernel, as one kind of backend keeps them.

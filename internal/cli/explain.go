@@ -13,9 +13,9 @@ import (
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/iptables"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 func explainCmd() *cobra.Command {

@@ -10,8 +10,8 @@ import (
 	"github.com/netwarden/netwarden/internal/agent"
 	"github.com/netwarden/netwarden/internal/backendchoice"
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/masquerade"
-	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // masqFlags are the masquerade feature's flags, named as ip-masq-agent names them where it

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/netwarden/netwarden/internal/xtables"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 )
 
 // IPTHook is a rule our setup appends to a built-in chain (once) to enter a group.

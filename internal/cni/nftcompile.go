@@ -8,7 +8,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
-	"github.com/netwarden/netwarden/internal/nftexpr"
+	"github.com/netwarden/netwarden/internal/kernel/nftexpr"
 )
 
 // compileRule turns a rule of the small nft dialect the plugins render into netlink

@@ -8,8 +8,8 @@ import (
 
 	"sigs.k8s.io/knftables"
 
-	"github.com/netwarden/netwarden/internal/command"
-	"github.com/netwarden/netwarden/internal/nftjson"
+	"github.com/netwarden/netwarden/internal/kernel/command"
+	"github.com/netwarden/netwarden/internal/kernel/nftjson"
 )
 
 // nftExec runs nft for one inet table. It builds transactions with knftables but runs them

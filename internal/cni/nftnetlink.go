@@ -10,7 +10,7 @@ import (
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
-	"github.com/netwarden/netwarden/internal/nftnl"
+	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 )
 
 // nftNetlink reads and deletes our rules over netlink: listing a bucket and deleting an

@@ -9,7 +9,7 @@ import (
 	"github.com/google/nftables/expr"
 	"sigs.k8s.io/knftables"
 
-	"github.com/netwarden/netwarden/internal/nftnl"
+	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 )
 
 // NFTBaseChain is a hooked chain of a plugin's table; its rules jump into group dispatch chains.

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
-	"github.com/netwarden/netwarden/internal/xtables"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 )
 
 // The guard's chains in the mangle table, jumped to first from PREROUTING and FORWARD, apart

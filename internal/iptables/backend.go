@@ -9,8 +9,8 @@ import (
 	"strings"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // The capabilities the agent finds by type assertion.

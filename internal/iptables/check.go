@@ -8,8 +8,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/policy"
-	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // Expectation is one fact of the kernel a verdict of the model depends on: which group chain

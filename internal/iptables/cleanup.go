@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/netwarden/netwarden/internal/xtables"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 )
 
 // Cleanup removes our chains and the hook jumps, of both variants where the other one works,

@@ -6,9 +6,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/setdelta"
-	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // ipset is one kernel set with its members in `ipset save` syntax (the value of every member

@@ -15,9 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
-	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 var modes = []xtables.Mode{xtables.ModeNFT, xtables.ModeLegacy}

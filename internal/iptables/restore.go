@@ -8,7 +8,7 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/netwarden/netwarden/internal/xtables"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 )
 
 // destroySets destroys unused sets as one batch. A set still referenced by the other iptables

@@ -12,10 +12,10 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
-	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // tierBed is a node with five pods (a to e, IPv4 and IPv6) and servers on TCP 80, 81 and 8080

@@ -1,7 +1,7 @@
 package masquerade
 
 import (
-	"github.com/netwarden/netwarden/internal/netipx"
+	"github.com/netwarden/netwarden/internal/kernel/netipx"
 	"net/netip"
 	"slices"
 	"sort"

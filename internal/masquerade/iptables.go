@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
-	"github.com/netwarden/netwarden/internal/xtables"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 )
 
 // IPTablesChain is our chain in the nat table of both families.

@@ -13,7 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/netwarden/netwarden/internal/xtables"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 )
 
 // inFreshNetNS runs fn in a new, empty network namespace (see testbed.InFreshNetNS).

@@ -10,10 +10,10 @@ import (
 	gnft "github.com/google/nftables"
 	"sigs.k8s.io/knftables"
 
-	"github.com/netwarden/netwarden/internal/command"
 	"github.com/netwarden/netwarden/internal/dataplane"
-	"github.com/netwarden/netwarden/internal/nftjson"
-	"github.com/netwarden/netwarden/internal/nftnl"
+	"github.com/netwarden/netwarden/internal/kernel/command"
+	"github.com/netwarden/netwarden/internal/kernel/nftjson"
+	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 )
 
 // NFTablesTable is the masquerade table, separate from the NetworkPolicy table so that either

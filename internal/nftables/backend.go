@@ -11,10 +11,10 @@ import (
 
 	"sigs.k8s.io/knftables"
 
-	"github.com/netwarden/netwarden/internal/command"
 	"github.com/netwarden/netwarden/internal/dataplane"
-	"github.com/netwarden/netwarden/internal/nftjson"
-	"github.com/netwarden/netwarden/internal/nftnl"
+	"github.com/netwarden/netwarden/internal/kernel/command"
+	"github.com/netwarden/netwarden/internal/kernel/nftjson"
+	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/setdelta"
 )

@@ -13,9 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
-	"github.com/netwarden/netwarden/internal/netipx"
-	"github.com/netwarden/netwarden/internal/nftexpr"
-	"github.com/netwarden/netwarden/internal/nftnl"
+	"github.com/netwarden/netwarden/internal/kernel/netipx"
+	"github.com/netwarden/netwarden/internal/kernel/nftexpr"
+	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 

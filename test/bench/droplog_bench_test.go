@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/nflog"
+	"github.com/netwarden/netwarden/internal/kernel/nflog"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/testkit/synth"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
-	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // BenchmarkConnRateDropLog compares the new-connection rate through the benchmark cluster's

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/netwarden/netwarden/internal/iptables"
+	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/testkit/synth"
-	"github.com/netwarden/netwarden/internal/xtables"
 )
 
 // The iptables backend on the same synthetic cluster and test bed as the nftables figures,

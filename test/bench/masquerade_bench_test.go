@@ -102,8 +102,8 @@ func BenchmarkMasqueradeAgent(b *testing.B) {
 			data := writeConfig(append(slices.Clone(cidrs), fmt.Sprintf("198.18.%d.0/24", 2*i)))
 			configChange = append(configChange, applied(t0, "config change", configApplied(data)))
 
-			// Back to the base config: a CIDR removed is an element deleted (see README,
-			// Performance, for why that no longer waits for an RCU grace period).
+			// Back to the base config: a CIDR removed is an element deleted (see docs/performance.md
+			// for why that no longer waits for an RCU grace period).
 			t0 = time.Now()
 			writeConfig(cidrs)
 			configRemove = append(configRemove, applied(t0, "config change", configApplied(base)))

@@ -9,8 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/netwarden/netwarden/internal/cni"
-	"github.com/netwarden/netwarden/internal/conntrack"
-	"github.com/netwarden/netwarden/internal/nftnl"
+	"github.com/netwarden/netwarden/internal/kernel/conntrack"
+	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 )
 
 // Plugin is netwarden-portmap.

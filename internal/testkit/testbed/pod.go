@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/netwarden/netwarden/internal/netipx"
+	"github.com/netwarden/netwarden/internal/kernel/netipx"
 )
 
 // allocIP returns the lowest free address of prefix (skipping the network

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/command"
+	"github.com/netwarden/netwarden/internal/kernel/command"
 )
 
 // Mode is the iptables variant: the nf_tables-based one or the legacy x_tables one. They keep

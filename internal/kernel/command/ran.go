@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/netwarden/netwarden/internal/kernelwatch"
+	"github.com/netwarden/netwarden/internal/kernel/kernelwatch"
 )
 
 // ranWindow is how long a finished tool is remembered: the kernel's notifications of its

@@ -9,7 +9,7 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/netwarden/netwarden/internal/nftnl"
+	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 )
 
 // Flow is one conntrack entry as a policy judges it: its original direction before and after

@@ -10,7 +10,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/netwarden/netwarden/internal/netipx"
+	"github.com/netwarden/netwarden/internal/kernel/netipx"
 )
 
 // Object is one entry of a listing: its kind ("table", "chain", "rule", "set", "map", ...)

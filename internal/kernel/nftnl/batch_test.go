@@ -9,7 +9,7 @@ import (
 	gnft "github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
-	"github.com/netwarden/netwarden/internal/nftnl"
+	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 )
 

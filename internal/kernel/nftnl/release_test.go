@@ -11,7 +11,7 @@ import (
 	gnft "github.com/google/nftables"
 	"github.com/google/nftables/expr"
 
-	"github.com/netwarden/netwarden/internal/nftnl"
+	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 )
 
