@@ -443,6 +443,9 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	} else {
 		a.log.Debug("no change", attrs...)
 	}
+	// Before the status says so: whoever reads it may change the tables next, and that change
+	// must not be taken for ours.
+	a.kernelWritten()
 	// After the log line, so that whoever sees the status can read the line too.
 	a.policyApplied(st)
 	a.flows.submit(rs, st.Generation, res.Operations > 0 || res.Full, narrowed)

@@ -238,6 +238,9 @@ func (l *masqLoop) sync(ctx context.Context, full bool, seen time.Time) error {
 		"apply", time.Since(start).Round(time.Microsecond),
 		"sources", describeRanges(d.Sources), "nonMasqueradeRanges", len(d.NoMasquerade[0]) + len(d.NoMasquerade[1])}
 	l.a.log.Info("masquerade synced", syncedAttrs(attrs, seen, res)...)
+	// Before the status says so: whoever reads it may change the tables next, and that change
+	// must not be taken for ours.
+	l.a.kernelWritten()
 	// After the log line, so that whoever sees the status can read the line too.
 	l.applied(in, nil)
 	return nil

@@ -49,8 +49,9 @@ type syncLoop struct {
 	// retireOthers runs before the feature is ready, after its first successful sync, so that
 	// the old backend's rules judge traffic until the new ones do.
 	retireOthers func(context.Context) error
-	// written is told after each of the loop's kernel writes (the kernel watch's own-writes
-	// baseline); nil when nothing listens.
+	// written is told after the loop's own kernel writes, its compactions (the kernel watch's
+	// own-writes baseline); nil when nothing listens. The feature's sync tells it itself, before
+	// its status says the write is done.
 	written func()
 	// minInterval coalesces bursts of events: when changes came while a sync ran, the next
 	// one starts at least this long after it began.
@@ -139,7 +140,6 @@ func (l *syncLoop) run(ctx context.Context, stop <-chan error) error {
 				l.log.Error(l.failedMsg, "err", err, "retryIn", backoff)
 				retry.Reset(backoff)
 			default:
-				l.wrote()
 				if repairing {
 					l.status.update(func(fs *statusapi.FeatureStatus) { fs.Repairs++ })
 				}
