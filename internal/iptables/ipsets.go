@@ -90,33 +90,6 @@ func largestFamily[T any](all []T, is6 func(T) bool) int {
 	return max(n6, len(all)-n6)
 }
 
-// failClosed applies policy.FailClosed with this backend's check. That leaves out the sets no
-// remaining NetworkPolicy uses, which ClusterNetworkPolicies may still need: those are kept.
-func failClosed(rs *policy.Ruleset) (*policy.Ruleset, []policy.SkippedPolicy) {
-	out, skipped := policy.FailClosed(rs, policyChecker(rs))
-	if out == rs || len(rs.ClusterPolicies) == 0 {
-		return out, skipped
-	}
-	for _, cp := range rs.ClusterPolicies {
-		for _, rule := range cp.Rules {
-			for _, p := range rule.Peers {
-				if s, ok := rs.AddrSets[p.AddrSet]; ok && p.AddrSet != "" {
-					out.AddrSets[p.AddrSet] = s
-				}
-				if s, ok := rs.CIDRSets[p.CIDRSet]; ok && p.CIDRSet != "" {
-					out.CIDRSets[p.CIDRSet] = s
-				}
-			}
-			for _, pm := range rule.Ports {
-				if s, ok := rs.NamedPortSets[pm.NamedPortSet]; ok && pm.NamedPortSet != "" {
-					out.NamedPortSets[pm.NamedPortSet] = s
-				}
-			}
-		}
-	}
-	return out, skipped
-}
-
 // namedPortProto recovers the protocol of a named-port set from its Ruleset name
 // ("port-<name>-<proto>"), which ipset needs in every member.
 func namedPortProto(name string) string {

@@ -156,7 +156,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	if rd.prev.addrSets == nil {
 		rd.prev = newRenderCache()
 	}
-	rs, skipped := failClosed(rs)
+	rs, skipped := policy.FailClosed(rs, policyChecker(rs))
 	r := &Rendered{Sets: map[string]*ipset{}, Sources: map[string]string{}, GroupPolicies: map[string][]string{}, Skipped: skipped}
 	for fam := range r.Chains {
 		r.Chains[fam] = map[string][]string{}

@@ -7,15 +7,22 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
+	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
 // withClusterPolicies adds ClusterNetworkPolicies of both tiers, with every action and kind of
 // peer and port, to a state from stateWithPods.
 func withClusterPolicies(n int, adminPriority int32) *policy.Ruleset {
+	rs, _ := policy.Compile(clusterPolicyState(n, adminPriority), "n1")
+	return rs
+}
+
+func clusterPolicyState(n int, adminPriority int32) *cluster.State {
 	st := stateWithPods(n)
 	st.Nodes["n2"] = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.2"}, {Type: corev1.NodeInternalIP, Address: "2001:db8::2"}}}}
@@ -41,8 +48,47 @@ func withClusterPolicies(n int, adminPriority int32) *policy.Ruleset {
 					Protocols: []npav1beta1.ClusterNetworkPolicyProtocol{{SCTP: &npav1beta1.ClusterNetworkPolicyProtocolSCTP{}}}},
 				{Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny, From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{}}},
 			}}}
-	rs, _ := policy.Compile(st, "n1")
-	return rs
+	return st
+}
+
+// TestKernelSkippedPolicyKeepsClusterPolicySets: a NetworkPolicy this backend cannot express
+// is skipped, and the sets that only the ClusterNetworkPolicies name stay: their chains
+// reference them, and without them the whole transaction failed, so one policy failed the
+// node's sync. (Valid objects give chain names nft parses; the policy is renamed in the
+// compiled Ruleset to one it does not, the one thing this backend's check rejects.)
+func TestKernelSkippedPolicyKeepsClusterPolicySets(t *testing.T) {
+	st := clusterPolicyState(2, 10)
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web"},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+	cluster.DefaultNetworkPolicy(np)
+	st.Policies["a/web"] = np
+	compiled, _ := policy.Compile(st, "n1")
+	rs := *compiled
+	rs.Policies = map[string]*policy.PolicyRules{}
+	for chain, pr := range compiled.Policies {
+		rs.Policies[strings.Replace(chain, "/web", "/web policy", 1)] = pr
+	}
+	if len(rs.AddrSets)+len(rs.NamedPortSets) == 0 {
+		t.Fatal("the ClusterNetworkPolicies name no set: the test proves nothing")
+	}
+	inFreshNetNS(t, func() {
+		ctx := context.Background()
+		b, err := New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := b.FullSync(ctx, &rs)
+		if err != nil {
+			t.Fatalf("full sync with a policy skipped: %v", err)
+		}
+		if len(res.Skipped) != 1 || res.Skipped[0].Policy != "a/web" {
+			t.Fatalf("skipped %+v, want a/web", res.Skipped)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatalf("verify: %v", err)
+		}
+	})
 }
 
 // TestKernelClusterPolicyTiers loads both tiers, then changes them over netlink and checks that

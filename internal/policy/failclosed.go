@@ -17,7 +17,7 @@ type SkippedPolicy = dataplane.Skipped
 // name); one rejected direction skips the whole policy, whose chains are left out of the
 // groups that held them. The groups and the dispatch stay as they are, so the pods the
 // policy selects are still isolated and judged by their other policies; sets that no
-// remaining policy uses are left out too. One policy that cannot be expressed thus never
+// remaining NetworkPolicy and no ClusterNetworkPolicy uses are left out too. One policy that cannot be expressed thus never
 // fails the sync of the others. rs itself is not modified; when every policy passes, rs
 // is returned.
 func FailClosed(rs *Ruleset, check func(chain string, pr *PolicyRules) error) (*Ruleset, []SkippedPolicy) {
@@ -40,18 +40,28 @@ func FailClosed(rs *Ruleset, check func(chain string, pr *PolicyRules) error) (*
 	out := *rs
 	out.Policies = make(map[string]*PolicyRules, len(rs.Policies))
 	addrs, cidrs, named := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	use := func(peers []Peer, ports []PortMatch) {
+		for _, p := range peers {
+			addrs[p.AddrSet], cidrs[p.CIDRSet] = true, true
+		}
+		for _, p := range ports {
+			named[p.NamedPortSet] = true
+		}
+	}
 	for chain, pr := range rs.Policies {
 		if bad[pr.Source] {
 			continue
 		}
 		out.Policies[chain] = pr
 		for _, r := range pr.Rules {
-			for _, p := range r.Peers {
-				addrs[p.AddrSet], cidrs[p.CIDRSet] = true, true
-			}
-			for _, p := range r.Ports {
-				named[p.NamedPortSet] = true
-			}
+			use(r.Peers, r.Ports)
+		}
+	}
+	// The ClusterNetworkPolicies' rules stay whole, and so do the sets they name (which a
+	// skipped NetworkPolicy may have shared with them).
+	for _, cp := range rs.ClusterPolicies {
+		for _, r := range cp.Rules {
+			use(r.Peers, r.Ports)
 		}
 	}
 	out.Groups = make(map[string]Group, len(rs.Groups))
