@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/netwarden/netwarden/internal/policy"
 )
@@ -20,6 +22,11 @@ type Expectation struct {
 	// hold the key; for a set, "member" or "".
 	Want  string
 	isMap bool
+	// jumps, for a map element, lists in order the chains the wanted group's chain jumps to.
+	// Group names depend on the agent's history of changes (see policy.groupNamer), what a
+	// group does does not: an element that leads to another chain of the map's stage with the
+	// same jumps holds the fact.
+	jumps func() []string
 }
 
 func (e Expectation) String() string {
@@ -41,11 +48,19 @@ func (e Expectation) String() string {
 func Expectations(rs *policy.Ruleset, dir policy.Direction, local, peer netip.Addr) []Expectation {
 	v6 := local.Is6()
 	stages := rs.StageGroups(dir, local)
+	rendered := sync.OnceValue(func() *Rendered { return Render(rs) })
 	var out []Expectation
 	for _, st := range stages {
 		e := Expectation{Set: stageMap(st.Stage, dir, v6), Key: local.String(), isMap: true}
 		if st.Group != "" {
-			e.Want = "jump " + familyChain(st.Group, v6)
+			name := familyChain(st.Group, v6)
+			e.Want = "jump " + name
+			e.jumps = func() []string {
+				if c := rendered().Chains[name]; c != nil {
+					return chainJumps(c.rules)
+				}
+				return nil
+			}
 		}
 		out = append(out, e)
 	}
@@ -83,10 +98,45 @@ func Check(ctx context.Context, exps []Expectation) ([]string, error) {
 		case e.Want != "" && !present:
 			bad = append(bad, fmt.Sprintf("want: %s; kernel: it does not", e))
 		case e.isMap && e.Want != "" && got != e.Want:
-			bad = append(bad, fmt.Sprintf("want: %s; kernel: %s", e, got))
+			if same, why := sameGroup(ctx, e, got); !same {
+				bad = append(bad, fmt.Sprintf("want: %s; kernel: %s%s", e, got, why))
+			}
 		}
 	}
 	return bad, nil
+}
+
+// sameGroup reports whether the chain a map element leads to (verdict got) does what the
+// wanted group's chain does: it jumps to the same policy chains in the same order. When it
+// does not, why says how they differ.
+func sameGroup(ctx context.Context, e Expectation, got string) (same bool, why string) {
+	name, ok := strings.CutPrefix(got, "jump ")
+	if !ok || e.jumps == nil {
+		return false, ""
+	}
+	out, err := exec.CommandContext(ctx, "nft", "list", "chain", "inet", TableName, name).CombinedOutput()
+	if err != nil {
+		return false, fmt.Sprintf(" (listing it: %s)", strings.TrimSpace(string(out)))
+	}
+	have, want := chainJumps(strings.Split(string(out), "\n")), e.jumps()
+	if slices.Equal(have, want) {
+		return true, ""
+	}
+	return false, fmt.Sprintf(", which jumps to [%s], not [%s]", strings.Join(have, " "), strings.Join(want, " "))
+}
+
+// chainJumps lists the chains that rules jump or go to, in order.
+func chainJumps(rules []string) []string {
+	var out []string
+	for _, r := range rules {
+		f := strings.Fields(r)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "jump" || f[i] == "goto" {
+				out = append(out, strings.Trim(f[i+1], `"`))
+			}
+		}
+	}
+	return out
 }
 
 func suffix(v string) string {

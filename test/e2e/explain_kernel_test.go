@@ -121,3 +121,66 @@ func deleteDispatch(t *testing.T, w *world, be backend, addr string) {
 	}
 	t.Fatalf("no ingress dispatch rule for %s in iptables-%s:\n%s", addr, be.mode, out)
 }
+
+// TestExplainKernelAfterChanges: on an agent that has applied a few rounds of changes, the
+// groups in the kernel carry the names they inherited (a group whose policies change keeps
+// its name, so that its pods' dispatch stays in place), while explain compiles the state
+// afresh and names them by their content. explain --kernel must still agree: it judges what
+// the group a pod is dispatched to does, not what it is called.
+func TestExplainKernelAfterChanges(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, allBackends, func(t *testing.T, be backend) {
+		w := newWorld(t, be, testbed.Routed, true, false)
+		w.addNamespace("x", map[string]string{"ns": "x"})
+		for _, p := range []string{"a", "b", "c"} {
+			w.addPod(t, "x", p, map[string]string{"pod": p}, cport("web", 80, tcp))
+		}
+		if err := w.sim.StartAgent(); err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		explainAll := func(round string) {
+			t.Helper()
+			for _, from := range []string{"x/a", "x/b"} {
+				out, err := w.sim.RunAgent(ctx, "explain", "--kernel", "--manifests", w.sim.Dir, "--node-name", w.sim.NodeName,
+					"--from", from, "--to", "x/c", "--port", "80/tcp")
+				if err != nil || strings.Contains(out, "KERNEL MISMATCH") || !strings.Contains(out, "kernel: agrees") {
+					t.Fatalf("%s: explain --kernel --from %s: %v\n%s", round, from, err, out)
+				}
+			}
+		}
+		// Every round changes the policies that select all of x's pods, so their one group
+		// changes its content and keeps its name.
+		w.policies["x/all"] = withIngress(netpol("x", "all", sel()), from(peers(podPeer(selp("pod", "a")))))
+		w.apply(t)
+		explainAll("one policy")
+		w.policies["x/all-too"] = withIngress(netpol("x", "all-too", sel()), from(peers(podPeer(selp("pod", "b"))), port(tcp, 80)))
+		w.apply(t)
+		w.check(t, "two policies")
+		explainAll("two policies")
+		delete(w.policies, "x/all")
+		w.apply(t)
+		w.check(t, "the first removed")
+		explainAll("the first removed")
+		if be.iptables() {
+			return
+		}
+		// A chain of another content in the pod's place is still a mismatch. Stopped first, so
+		// that no repair undoes it before explain looks.
+		if err := w.sim.StopAgent(); err != nil {
+			t.Fatal(err)
+		}
+		c := w.tpods["x/c"].IPv4.String()
+		for _, args := range [][]string{{"delete", "element", "inet", "netwarden", "dispatch-in-v4", "{", c, "}"},
+			{"add", "element", "inet", "netwarden", "dispatch-in-v4", "{", c, ":", "jump", "in/x/all-too-v4", "}"}} {
+			if o, err := w.sim.Nft(args...); err != nil {
+				t.Fatalf("nft %v: %v: %s", args, err, o)
+			}
+		}
+		out, err := w.sim.RunAgent(ctx, "explain", "--kernel", "--manifests", w.sim.Dir, "--node-name", w.sim.NodeName,
+			"--from", "x/a", "--to", "x/c", "--port", "80/tcp")
+		if want := "KERNEL MISMATCH: want: map dispatch-in-v4 maps " + c; err == nil || !strings.Contains(out, want) || !strings.Contains(out, "which jumps to") {
+			t.Fatalf("explain --kernel with x/c dispatched to a policy's chain: %v, want %q saying what that chain jumps to:\n%s", err, want, out)
+		}
+	})
+}
