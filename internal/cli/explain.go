@@ -23,11 +23,15 @@ func explainCmd() *cobra.Command {
 	var from, to, port string
 	var kernel bool
 	cmd := &cobra.Command{
-		Use:   "explain --from NS/POD|IP --to NS/POD|IP --port PORT/PROTO",
+		Use:   "explain --from NS/POD|IP|FILE --to NS/POD|IP|FILE --port PORT/PROTO",
 		Short: "Explain the NetworkPolicy verdict of a connection: each direction, and the objects that decide it",
 		Long: `Explain judges a connection with the same policy model the agent programs into the kernel:
 egress at the source pod's node, ingress at the destination pod's node. For each IP family both
 ends have, it prints each direction's verdict and the policies that decide it.
+
+A pod that has no address yet (pending, or a Pod manifest FILE not applied) is judged by its
+namespace, labels and ports at a stand-in address; the verdicts that rules naming addresses
+(ipBlock, networks) could change once it has its own are marked.
 
 With --kernel it also checks this node's kernel for what each verdict judged here depends on:
 where each stage's dispatch leads the pod (the dispatch maps of the nftables table, or the
@@ -53,6 +57,13 @@ where no backend is programmed.`,
 			if err != nil {
 				return err
 			}
+			if st, from, err = withPodFile(st, "--from", from); err != nil {
+				return err
+			}
+			if st, to, err = withPodFile(st, "--to", to); err != nil {
+				return err
+			}
+			st, standIns := withStandIns(st, from, to)
 			src, err := resolveEndpoint(st, "--from", from)
 			if err != nil {
 				return err
@@ -60,6 +71,13 @@ where no backend is programmed.`,
 			dst, err := resolveEndpoint(st, "--to", to)
 			if err != nil {
 				return err
+			}
+			for _, e := range []*endpoint{&src, &dst} {
+				if ips := standIns[e.name]; ips != nil {
+					e.standIn = true
+					fmt.Fprintf(cmd.OutOrStdout(), "%s has no address yet: judged by its namespace, labels and ports, at stand-in address %s\n",
+						e.name, joinAddrs(ips))
+				}
 			}
 			var kc *kernelCheck
 			if kernel {
@@ -76,8 +94,8 @@ where no backend is programmed.`,
 			return explainWith(cmd.OutOrStdout(), st, src, dst, proto, portNum, kc)
 		},
 	}
-	cmd.Flags().StringVar(&from, "from", "", "the connecting side: NAMESPACE/POD or an IP address")
-	cmd.Flags().StringVar(&to, "to", "", "the accepting side: NAMESPACE/POD or an IP address")
+	cmd.Flags().StringVar(&from, "from", "", "the connecting side: NAMESPACE/POD, an IP address, or a Pod manifest file not applied yet")
+	cmd.Flags().StringVar(&to, "to", "", "the accepting side: NAMESPACE/POD, an IP address, or a Pod manifest file not applied yet")
 	cmd.Flags().StringVar(&port, "port", "", "destination port and protocol, e.g. 80/tcp (tcp, udp or sctp)")
 	fs := cmd.Flags()
 	fs.StringVar(&f.nodeName, "node-name", "", "this node's name, for --kernel (default $NODE_NAME, then the hostname); each direction is judged at its pod's node")
@@ -106,10 +124,19 @@ func parsePortProto(s string) (policy.Protocol, uint16, error) {
 
 // endpoint is one side of the connection: a pod that NetworkPolicy applies to, or an address.
 type endpoint struct {
-	name string // namespace/name of the pod, or the address
-	pod  bool
-	node string
-	ips  []netip.Addr
+	name    string // namespace/name of the pod, or the address
+	pod     bool
+	node    string
+	ips     []netip.Addr
+	standIn bool // the pod has no address yet: ips stand in for it (see withStandIns)
+}
+
+func joinAddrs(ips []netip.Addr) string {
+	s := make([]string, len(ips))
+	for i, a := range ips {
+		s[i] = a.String()
+	}
+	return strings.Join(s, " and ")
 }
 
 func resolveEndpoint(st *cluster.State, flag, s string) (endpoint, error) {
@@ -235,7 +262,13 @@ func judgeSide(out io.Writer, rulesetOf func(node string) *policy.Ruleset, dir p
 	rs := rulesetOf(local.node)
 	j := rs.Judge(dir, localIP, peerIP, proto, port)
 	fmt.Fprintf(out, "  %-8s %s\n", label, describe(j, local.name, peer.name, what))
-	if kc != nil {
+	if peer.standIn {
+		noteStandIn(out, rs, dir, localIP, peer)
+	}
+	switch {
+	case kc != nil && (local.standIn || peer.standIn):
+		fmt.Fprintf(out, "           kernel: not checked (a pod without an address has nothing in the kernel yet)\n")
+	case kc != nil:
 		kc.check(out, rs, dir, local, localIP, peerIP)
 	}
 	return j.Allowed

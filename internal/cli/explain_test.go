@@ -21,7 +21,7 @@ func exampleState(t *testing.T) *cluster.State {
 	t.Helper()
 	dir := t.TempDir()
 	for _, f := range []string{"cluster.yaml", "policies.yaml"} {
-		data, err := os.ReadFile(filepath.Join("../../examples", f))
+		data, err := os.ReadFile(filepath.Join("../../examples/manifests", f))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -30,8 +30,8 @@ import (
 // each difference.
 func Run(out io.Writer, agentBin, examplesDir string) error {
 	start := time.Now()
-	clusterFile := filepath.Join(examplesDir, "cluster.yaml")
-	policiesFile := filepath.Join(examplesDir, "policies.yaml")
+	clusterFile := filepath.Join(examplesDir, "manifests", "cluster.yaml")
+	policiesFile := filepath.Join(examplesDir, "manifests", "policies.yaml")
 	masqFile := filepath.Join(examplesDir, "masq-config.yaml")
 	expectedFile := filepath.Join(examplesDir, ExpectedVerdictsFile)
 	st, errs := loadFile(clusterFile)

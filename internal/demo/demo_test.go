@@ -56,7 +56,10 @@ func TestDemoFailsOnDifference(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	for _, f := range []string{"cluster.yaml", "policies.yaml", "masq-config.yaml", ExpectedVerdictsFile} {
+	if err := os.Mkdir(filepath.Join(dir, "manifests"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"manifests/cluster.yaml", "manifests/policies.yaml", "masq-config.yaml", ExpectedVerdictsFile} {
 		data, err := os.ReadFile(filepath.Join("../../examples", f))
 		if err != nil {
 			t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 func TestExampleVerdicts(t *testing.T) {
 	t.Parallel()
 	const examples = "../../examples"
-	st := loadExamples(t, examples, "cluster.yaml", "policies.yaml")
+	st := loadExamples(t, filepath.Join(examples, "manifests"), "cluster.yaml", "policies.yaml")
 	forEachBackend(t, allBackends, func(t *testing.T, be backend) {
 		w := newWorld(t, be, testbed.Routed, true, true)
 		for name, ns := range st.Namespaces {

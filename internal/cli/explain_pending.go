@@ -1,0 +1,175 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/source/manifests"
+)
+
+// unscheduled is the node explain judges a pod at when it has none yet: its rules are those of
+// whichever node it lands on, since a pod's verdicts do not depend on its node.
+const unscheduled = "(unscheduled)"
+
+// withPodFile returns st with the pod of the manifest file arg, and its key, when arg names a
+// file and no pod of st: a pod that is not applied yet can be explained before it is. The file
+// is read by the manifests source's own parser, so it is held to what the agent would accept.
+func withPodFile(st *cluster.State, flag, arg string) (*cluster.State, string, error) {
+	if st.Pods[arg] != nil {
+		return st, arg, nil
+	}
+	fi, err := os.Stat(arg)
+	if err != nil || fi.IsDir() {
+		return st, arg, nil // not a file: resolveEndpoint says what is wrong with it
+	}
+	data, err := os.ReadFile(arg)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s %s: %w", flag, arg, err)
+	}
+	dir, err := os.MkdirTemp("", "netwarden-explain-")
+	if err != nil {
+		return nil, "", err
+	}
+	defer os.RemoveAll(dir)
+	name := filepath.Base(arg)
+	if ext := filepath.Ext(name); ext != ".yaml" && ext != ".yml" && ext != ".json" {
+		name += ".yaml"
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+		return nil, "", err
+	}
+	file, errs := manifests.Load(dir, slog.New(slog.DiscardHandler))
+	if len(errs) > 0 {
+		return nil, "", fmt.Errorf("%s %s: %w", flag, arg, errorsIn(errs, dir, filepath.Dir(arg)))
+	}
+	if len(file.Pods) != 1 || len(file.Policies)+len(file.ClusterPolicies)+len(file.Nodes) > 0 {
+		return nil, "", fmt.Errorf("%s %s: want a manifest of one Pod, found %d pods, %d NetworkPolicies, %d ClusterNetworkPolicies and %d nodes",
+			flag, arg, len(file.Pods), len(file.Policies), len(file.ClusterPolicies), len(file.Nodes))
+	}
+	var key string
+	var pod *corev1.Pod
+	for k, p := range file.Pods {
+		key, pod = k, p
+	}
+	if st.Namespaces[pod.Namespace] == nil {
+		return nil, "", fmt.Errorf("%s %s: the pod's namespace %q does not exist, so no policy can select the pod", flag, arg, pod.Namespace)
+	}
+	out := *st
+	out.Pods = maps.Clone(st.Pods)
+	out.Pods[key] = pod
+	out.Changes = nil
+	return &out, key, nil
+}
+
+// errorsIn joins the manifests source's errors, naming the file where the caller named it.
+func errorsIn(errs []error, tmp, dir string) error {
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = strings.ReplaceAll(e.Error(), tmp, dir)
+	}
+	return fmt.Errorf("%s", strings.Join(msgs, "; "))
+}
+
+// withStandIns returns st where each pod of keys that NetworkPolicy will judge once it has an
+// address, but has none yet (pending, or not applied), holds a stand-in address of each family
+// the cluster's pods use (from the documentation ranges, unused by any pod), and a node. It
+// returns which keys got one, and their addresses. A pod is judged by its namespace, labels and
+// ports, never by its address, except where a rule names addresses (ipBlock, networks): those
+// verdicts are marked as depending on the address it will get.
+func withStandIns(st *cluster.State, keys ...string) (*cluster.State, map[string][]netip.Addr) {
+	var pending []string
+	for _, k := range keys {
+		p := st.Pods[k]
+		if p != nil && !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed &&
+			len(policy.EligibleIPs(p)) == 0 && !slices.Contains(pending, k) {
+			pending = append(pending, k)
+		}
+	}
+	if len(pending) == 0 {
+		return st, nil
+	}
+	used, v6 := map[netip.Addr]bool{}, false
+	for _, p := range st.Pods {
+		for _, a := range policy.EligibleIPs(p) {
+			used[a], v6 = true, v6 || a.Is6()
+		}
+	}
+	next := func(a netip.Addr) netip.Addr {
+		for a = a.Next(); used[a]; a = a.Next() {
+		}
+		used[a] = true
+		return a
+	}
+	a4, a6 := netip.MustParseAddr("192.0.2.0"), netip.MustParseAddr("2001:db8::")
+	out := *st
+	out.Pods = maps.Clone(st.Pods)
+	out.Changes = nil
+	given := map[string][]netip.Addr{}
+	for _, k := range pending {
+		p := st.Pods[k].DeepCopy()
+		a4 = next(a4)
+		ips := []netip.Addr{a4}
+		if v6 {
+			a6 = next(a6)
+			ips = append(ips, a6)
+		}
+		p.Status.PodIPs = nil
+		for _, a := range ips {
+			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: a.String()})
+		}
+		p.Status.PodIP = ips[0].String()
+		if p.Spec.NodeName == "" {
+			p.Spec.NodeName = unscheduled
+		}
+		out.Pods[k] = p
+		given[k] = ips
+	}
+	return &out, given
+}
+
+// noteStandIn tells, after a direction judged at local towards a peer with a stand-in address,
+// which rules of the policies judging local name addresses, so could judge the peer otherwise
+// once it has its own.
+func noteStandIn(out io.Writer, rs *policy.Ruleset, dir policy.Direction, localIP netip.Addr, peer endpoint) {
+	var byAddress []string
+	for _, sg := range rs.StageGroups(dir, localIP) {
+		for _, chain := range sg.Policies {
+			name, rules := "", 0
+			if pr := rs.Policies[chain]; pr != nil {
+				name = "NetworkPolicy " + pr.Source
+				for _, r := range pr.Rules {
+					if slices.ContainsFunc(r.Peers, func(p policy.Peer) bool { return p.CIDRSet != "" }) {
+						rules++
+					}
+				}
+			} else if cp := rs.ClusterPolicies[chain]; cp != nil {
+				name = "ClusterNetworkPolicy " + cp.Source
+				for _, r := range cp.Rules {
+					if slices.ContainsFunc(r.Peers, func(p policy.Peer) bool { return p.CIDRSet != "" }) {
+						rules++
+					}
+				}
+			}
+			if rules > 0 && !slices.Contains(byAddress, name) {
+				byAddress = append(byAddress, name)
+			}
+		}
+	}
+	if len(byAddress) == 0 {
+		fmt.Fprintf(out, "           (%s has no address yet; no rule judging this direction names addresses, so the verdict holds whatever address it gets)\n", peer.name)
+		return
+	}
+	fmt.Fprintf(out, "           (%s has no address yet: rules of %s name addresses (ipBlock, networks), so this verdict may change with the address it gets)\n",
+		peer.name, strings.Join(byAddress, ", "))
+}
