@@ -156,7 +156,7 @@ func Main(args []string) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(agentCmd(), renderCmd(), explainCmd(), cleanupCmd(), versionCmd())
+	root.AddCommand(agentCmd(), renderCmd(), explainCmd(), lintCmd(), cleanupCmd(), versionCmd())
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "netwarden:", err)

@@ -63,7 +63,7 @@ where no backend is programmed.`,
 			if st, to, err = withPodFile(st, "--to", to); err != nil {
 				return err
 			}
-			st, standIns := withStandIns(st, from, to)
+			st, standIns := policy.WithStandIns(st, unscheduled, from, to)
 			src, err := resolveEndpoint(st, "--from", from)
 			if err != nil {
 				return err
@@ -128,7 +128,7 @@ type endpoint struct {
 	pod     bool
 	node    string
 	ips     []netip.Addr
-	standIn bool // the pod has no address yet: ips stand in for it (see withStandIns)
+	standIn bool // the pod has no address yet: ips stand in for it (see policy.WithStandIns)
 }
 
 func joinAddrs(ips []netip.Addr) string {

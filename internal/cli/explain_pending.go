@@ -81,63 +81,6 @@ func errorsIn(errs []error, tmp, dir string) error {
 	return fmt.Errorf("%s", strings.Join(msgs, "; "))
 }
 
-// withStandIns returns st where each pod of keys that NetworkPolicy will judge once it has an
-// address, but has none yet (pending, or not applied), holds a stand-in address of each family
-// the cluster's pods use (from the documentation ranges, unused by any pod), and a node. It
-// returns which keys got one, and their addresses. A pod is judged by its namespace, labels and
-// ports, never by its address, except where a rule names addresses (ipBlock, networks): those
-// verdicts are marked as depending on the address it will get.
-func withStandIns(st *cluster.State, keys ...string) (*cluster.State, map[string][]netip.Addr) {
-	var pending []string
-	for _, k := range keys {
-		p := st.Pods[k]
-		if p != nil && !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed &&
-			len(policy.EligibleIPs(p)) == 0 && !slices.Contains(pending, k) {
-			pending = append(pending, k)
-		}
-	}
-	if len(pending) == 0 {
-		return st, nil
-	}
-	used, v6 := map[netip.Addr]bool{}, false
-	for _, p := range st.Pods {
-		for _, a := range policy.EligibleIPs(p) {
-			used[a], v6 = true, v6 || a.Is6()
-		}
-	}
-	next := func(a netip.Addr) netip.Addr {
-		for a = a.Next(); used[a]; a = a.Next() {
-		}
-		used[a] = true
-		return a
-	}
-	a4, a6 := netip.MustParseAddr("192.0.2.0"), netip.MustParseAddr("2001:db8::")
-	out := *st
-	out.Pods = maps.Clone(st.Pods)
-	out.Changes = nil
-	given := map[string][]netip.Addr{}
-	for _, k := range pending {
-		p := st.Pods[k].DeepCopy()
-		a4 = next(a4)
-		ips := []netip.Addr{a4}
-		if v6 {
-			a6 = next(a6)
-			ips = append(ips, a6)
-		}
-		p.Status.PodIPs = nil
-		for _, a := range ips {
-			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: a.String()})
-		}
-		p.Status.PodIP = ips[0].String()
-		if p.Spec.NodeName == "" {
-			p.Spec.NodeName = unscheduled
-		}
-		out.Pods[k] = p
-		given[k] = ips
-	}
-	return &out, given
-}
-
 // noteStandIn tells, after a direction judged at local towards a peer with a stand-in address,
 // which rules of the policies judging local name addresses, so could judge the peer otherwise
 // once it has its own.

@@ -1,0 +1,72 @@
+package policy
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+)
+
+// WithStandIns returns st where each pod of keys (every pod when keys is empty) that NetworkPolicy will judge once it has an
+// address, but has none yet (pending, or not applied), holds a stand-in address of each family
+// the cluster's pods use (from the documentation ranges, unused by any pod), and node when it
+// has none. It
+// returns which keys got one, and their addresses. A pod is judged by its namespace, labels and
+// ports, never by its address, except where a rule names addresses (ipBlock, networks): those
+// verdicts are marked as depending on the address it will get.
+func WithStandIns(st *cluster.State, node string, keys ...string) (*cluster.State, map[string][]netip.Addr) {
+	if len(keys) == 0 {
+		keys = slices.Sorted(maps.Keys(st.Pods))
+	}
+	var pending []string
+	for _, k := range keys {
+		p := st.Pods[k]
+		if p != nil && !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed &&
+			len(EligibleIPs(p)) == 0 && !slices.Contains(pending, k) {
+			pending = append(pending, k)
+		}
+	}
+	if len(pending) == 0 {
+		return st, nil
+	}
+	used, v6 := map[netip.Addr]bool{}, false
+	for _, p := range st.Pods {
+		for _, a := range EligibleIPs(p) {
+			used[a], v6 = true, v6 || a.Is6()
+		}
+	}
+	next := func(a netip.Addr) netip.Addr {
+		for a = a.Next(); used[a]; a = a.Next() {
+		}
+		used[a] = true
+		return a
+	}
+	a4, a6 := netip.MustParseAddr("192.0.2.0"), netip.MustParseAddr("2001:db8::")
+	out := *st
+	out.Pods = maps.Clone(st.Pods)
+	out.Changes = nil
+	given := map[string][]netip.Addr{}
+	for _, k := range pending {
+		p := st.Pods[k].DeepCopy()
+		a4 = next(a4)
+		ips := []netip.Addr{a4}
+		if v6 {
+			a6 = next(a6)
+			ips = append(ips, a6)
+		}
+		p.Status.PodIPs = nil
+		for _, a := range ips {
+			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: a.String()})
+		}
+		p.Status.PodIP = ips[0].String()
+		if p.Spec.NodeName == "" {
+			p.Spec.NodeName = node
+		}
+		out.Pods[k] = p
+		given[k] = ips
+	}
+	return &out, given
+}
