@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,16 +41,18 @@ func withPodFile(st *cluster.State, flag, arg string) (*cluster.State, string, e
 		return nil, "", err
 	}
 	defer os.RemoveAll(dir)
-	name := filepath.Base(arg)
-	if ext := filepath.Ext(name); ext != ".yaml" && ext != ".yml" && ext != ".json" {
-		name += ".yaml"
+	// A name of its own: the source ignores names that start with a dot, and reads JSON by
+	// its extension.
+	name := "pod.yaml"
+	if filepath.Ext(arg) == ".json" {
+		name = "pod.json"
 	}
 	if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
 		return nil, "", err
 	}
 	file, errs := manifests.Load(dir, slog.New(slog.DiscardHandler))
 	if len(errs) > 0 {
-		return nil, "", fmt.Errorf("%s %s: %w", flag, arg, errorsIn(errs, dir, filepath.Dir(arg)))
+		return nil, "", fmt.Errorf("%s %s: %w", flag, arg, errorsIn(errs, filepath.Join(dir, name), arg))
 	}
 	if len(file.Pods) != 1 || len(file.Policies)+len(file.ClusterPolicies)+len(file.Nodes) > 0 {
 		return nil, "", fmt.Errorf("%s %s: want a manifest of one Pod, found %d pods, %d NetworkPolicies, %d ClusterNetworkPolicies and %d nodes",
@@ -72,11 +73,11 @@ func withPodFile(st *cluster.State, flag, arg string) (*cluster.State, string, e
 	return &out, key, nil
 }
 
-// errorsIn joins the manifests source's errors, naming the file where the caller named it.
-func errorsIn(errs []error, tmp, dir string) error {
+// errorsIn joins the manifests source's errors, naming the file as the caller named it.
+func errorsIn(errs []error, tmp, path string) error {
 	msgs := make([]string, len(errs))
 	for i, e := range errs {
-		msgs[i] = strings.ReplaceAll(e.Error(), tmp, dir)
+		msgs[i] = strings.ReplaceAll(e.Error(), tmp, path)
 	}
 	return fmt.Errorf("%s", strings.Join(msgs, "; "))
 }
@@ -85,30 +86,7 @@ func errorsIn(errs []error, tmp, dir string) error {
 // which rules of the policies judging local name addresses, so could judge the peer otherwise
 // once it has its own.
 func noteStandIn(out io.Writer, rs *policy.Ruleset, dir policy.Direction, localIP netip.Addr, peer endpoint) {
-	var byAddress []string
-	for _, sg := range rs.StageGroups(dir, localIP) {
-		for _, chain := range sg.Policies {
-			name, rules := "", 0
-			if pr := rs.Policies[chain]; pr != nil {
-				name = "NetworkPolicy " + pr.Source
-				for _, r := range pr.Rules {
-					if slices.ContainsFunc(r.Peers, func(p policy.Peer) bool { return p.CIDRSet != "" }) {
-						rules++
-					}
-				}
-			} else if cp := rs.ClusterPolicies[chain]; cp != nil {
-				name = "ClusterNetworkPolicy " + cp.Source
-				for _, r := range cp.Rules {
-					if slices.ContainsFunc(r.Peers, func(p policy.Peer) bool { return p.CIDRSet != "" }) {
-						rules++
-					}
-				}
-			}
-			if rules > 0 && !slices.Contains(byAddress, name) {
-				byAddress = append(byAddress, name)
-			}
-		}
-	}
+	byAddress := rs.AddressRules(dir, localIP)
 	if len(byAddress) == 0 {
 		fmt.Fprintf(out, "           (%s has no address yet; no rule judging this direction names addresses, so the verdict holds whatever address it gets)\n", peer.name)
 		return

@@ -35,17 +35,18 @@ func Run(st *cluster.State, opts Options) *Report {
 	v := newView(st)
 	checkNetworkPolicies(r, v)
 	checkClusterPolicies(r, v)
-	rs, judged := compileAll(st)
-	checkDNS(r, v, rs, judged, opts)
+	rs, judged, standIns := compileAll(st)
+	checkDNS(r, v, rs, judged, standIns, opts)
 	checkBackends(r, rs)
 	r.sort()
 	return r
 }
 
 // compileAll compiles st with every pod local to one node, at a stand-in address when it has
-// none yet, so that every pod's verdicts can be asked; it returns the state it compiled too.
-func compileAll(st *cluster.State) (*policy.Ruleset, *cluster.State) {
-	st, _ = policy.WithStandIns(st, lintNode)
+// none yet, so that every pod's verdicts can be asked; it returns the state it compiled too, and
+// the pods judged at stand-in addresses.
+func compileAll(st *cluster.State) (*policy.Ruleset, *cluster.State, map[string][]netip.Addr) {
+	st, standIns := policy.WithStandIns(st, lintNode)
 	local := *st
 	local.Pods = make(map[string]*corev1.Pod, len(st.Pods))
 	local.Changes = nil
@@ -55,12 +56,15 @@ func compileAll(st *cluster.State) (*policy.Ruleset, *cluster.State) {
 		local.Pods[k] = &cp
 	}
 	rs, _ := policy.Compile(&local, lintNode)
-	return rs, &local
+	return rs, &local, standIns
 }
 
 // checkDNS finds pods isolated for egress (or denied by a ClusterNetworkPolicy) that cannot
-// reach the cluster DNS pods on UDP port 53: "default-deny egress broke DNS".
-func checkDNS(r *Report, v *view, rs *policy.Ruleset, judged *cluster.State, opts Options) {
+// reach the cluster DNS pods on their DNS port (judged after DNAT, as the kernel does) over
+// UDP in any family they share: "default-deny egress broke DNS". Where a pod or the DNS is
+// judged at a stand-in address and a rule naming addresses takes part, the verdict depends on
+// the addresses they get: a warning, not an error.
+func checkDNS(r *Report, v *view, rs *policy.Ruleset, judged *cluster.State, standIns map[string][]netip.Addr, opts Options) {
 	var dns []*corev1.Pod
 	for _, p := range v.pods {
 		if p.Namespace == opts.DNSNamespace && labels.SelectorFromSet(opts.DNSLabels).Matches(labels.Set(p.Labels)) {
@@ -68,46 +72,49 @@ func checkDNS(r *Report, v *view, rs *policy.Ruleset, judged *cluster.State, opt
 		}
 	}
 	if len(dns) == 0 {
-		r.Notes = append(r.Notes, fmt.Sprintf("no cluster DNS pods (namespace %s, labels %s): the check of egress to DNS did not run",
+		r.Notes = append(r.Notes, fmt.Sprintf("no cluster DNS pods (namespace %s, labels %s, not host network): the check of egress to DNS did not run",
 			opts.DNSNamespace, labels.SelectorFromSet(opts.DNSLabels)))
 		return
 	}
-	type cause struct{ obj, field, fix string }
+	type cause struct {
+		obj, field, fix  string
+		dependsOnAddress bool
+	}
 	denied := map[cause][]string{}
 	var order []cause
-	addrOf := func(p *corev1.Pod) []netip.Addr { return eligible(judged.Pods[cluster.Key(p.Namespace, p.Name)]) }
+	keyOf := func(p *corev1.Pod) string { return cluster.Key(p.Namespace, p.Name) }
+	addrOf := func(p *corev1.Pod) []netip.Addr { return eligible(judged.Pods[keyOf(p)]) }
 	for _, p := range v.pods {
 		if slices.Contains(dns, p) {
 			continue
 		}
+		reached, judgedAny := false, false
+		var why cause
 		for _, src := range addrOf(p) {
-			reached := false
-			var why cause
 			for _, d := range dns {
 				for _, dst := range addrOf(d) {
 					if dst.Is4() != src.Is4() {
 						continue
 					}
-					j := rs.Judge(policy.Egress, src, dst, policy.UDP, 53)
+					judgedAny = true
+					j := rs.Judge(policy.Egress, src, dst, policy.UDP, dnsPort(d))
 					if j.Allowed {
 						reached = true
-						break
+						continue
 					}
-					why = dnsCause(j, opts)
-				}
-				if reached {
-					break
-				}
-			}
-			if !reached && why.obj != "" {
-				c := cause{why.obj, why.field, why.fix}
-				if _, ok := denied[c]; !ok {
-					order = append(order, c)
-				}
-				if k := cluster.Key(p.Namespace, p.Name); !slices.Contains(denied[c], k) {
-					denied[c] = append(denied[c], k)
+					c := dnsCause(j, opts)
+					why = cause{obj: c.obj, field: c.field, fix: c.fix, dependsOnAddress: why.dependsOnAddress}
+					if (standIns[keyOf(p)] != nil || standIns[keyOf(d)] != nil) && len(rs.AddressRules(policy.Egress, src)) > 0 {
+						why.dependsOnAddress = true
+					}
 				}
 			}
+		}
+		if judgedAny && !reached && why.obj != "" {
+			if _, ok := denied[why]; !ok {
+				order = append(order, why)
+			}
+			denied[why] = append(denied[why], keyOf(p))
 		}
 	}
 	for _, c := range order {
@@ -116,11 +123,29 @@ func checkDNS(r *Report, v *view, rs *policy.Ruleset, judged *cluster.State, opt
 		if len(pods) > 5 {
 			list = strings.Join(pods[:5], ", ") + fmt.Sprintf(" and %d more", len(pods)-5)
 		}
-		r.add(Finding{Severity: Error, Check: "dns-egress", Object: c.obj, Field: c.field,
-			Problem: fmt.Sprintf("pods %s cannot reach the cluster DNS (%s) on UDP port 53", list, keys(dns)[0]),
+		f := Finding{Severity: Error, Check: "dns-egress", Object: c.obj, Field: c.field,
+			Problem: fmt.Sprintf("pods %s cannot reach the cluster DNS (%s) on UDP port %d", list, keyOf(dns[0]), dnsPort(dns[0])),
 			Why:     "every name lookup of these pods fails, so nearly every connection they make fails before it starts",
-			Fix:     c.fix})
+			Fix:     c.fix}
+		if c.dependsOnAddress {
+			f.Severity = Warning
+			f.Problem += ", judged at stand-in addresses (they have none yet) while rules naming addresses (ipBlock, networks) take part: it depends on the addresses they get"
+		}
+		r.add(f)
 	}
+}
+
+// dnsPort is the port a DNS pod serves on over UDP: the container port named dns, else 53.
+// Egress is judged after DNAT, so the Service's port 53 reaches the pod on this one.
+func dnsPort(p *corev1.Pod) uint16 {
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.Name == "dns" && cp.Protocol == corev1.ProtocolUDP {
+				return uint16(cp.ContainerPort)
+			}
+		}
+	}
+	return 53
 }
 
 // dnsCause names the policy whose verdict denied DNS and what to change in it.

@@ -3,6 +3,7 @@ package lint
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -33,7 +34,10 @@ func checkNetworkPolicies(r *Report, v *view) {
 			if len(rule.To) == 0 {
 				peerPods = v.pods
 			}
-			checkNPPorts(r, obj, field, rule.Ports, peerPods, "the pods this rule admits")
+			// An ipBlock admits the named port of any pod whose address it holds: left alone.
+			if !slices.ContainsFunc(rule.To, func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock != nil }) {
+				checkNPPorts(r, obj, field, rule.Ports, peerPods, "the pods this rule admits")
+			}
 		}
 	}
 }

@@ -14,12 +14,16 @@ import (
 
 // cnpRule is one rule of a ClusterNetworkPolicy, in the shape the checks compare.
 type cnpRule struct {
-	field     string
-	name      string
-	action    npav1beta1.ClusterNetworkPolicyRuleAction
-	peers     []any // *metav1.LabelSelector (namespaces), *npav1beta1.NamespacedPod, or a nodes/networks peer
-	allPods   bool  // a peer matches every pod (namespaces: {})
-	protocols []npav1beta1.ClusterNetworkPolicyProtocol
+	field   string
+	name    string
+	action  npav1beta1.ClusterNetworkPolicyRuleAction
+	peers   []any // the rule's ingress or egress peers
+	allPods bool  // a peer matches every pod (namespaces: {})
+	// failClosed: a peer the agent cannot match by its fields (none it knows is set: a newer
+	// API's peer, or domainNames) matches nothing in an Accept rule and everything in a Deny or
+	// Pass rule (policy.compileClusterRule), so no rule covers it, and it covers only as that.
+	failClosed bool
+	protocols  []npav1beta1.ClusterNetworkPolicyProtocol
 }
 
 func cnpRules(cnp *npav1beta1.ClusterNetworkPolicy, egress bool) []cnpRule {
@@ -30,6 +34,7 @@ func cnpRules(cnp *npav1beta1.ClusterNetworkPolicy, egress bool) []cnpRule {
 			for _, p := range r.From {
 				cr.peers = append(cr.peers, p)
 				cr.allPods = cr.allPods || p.Namespaces != nil && isEmpty(p.Namespaces)
+				cr.failClosed = cr.failClosed || p.Namespaces == nil && p.Pods == nil
 			}
 			out = append(out, cr)
 		}
@@ -40,6 +45,7 @@ func cnpRules(cnp *npav1beta1.ClusterNetworkPolicy, egress bool) []cnpRule {
 		for _, p := range r.To {
 			cr.peers = append(cr.peers, p)
 			cr.allPods = cr.allPods || p.Namespaces != nil && isEmpty(p.Namespaces)
+			cr.failClosed = cr.failClosed || p.Namespaces == nil && p.Pods == nil && p.Nodes == nil && len(p.Networks) == 0
 		}
 		out = append(out, cr)
 	}
@@ -53,6 +59,9 @@ func isEmpty(ls *metav1.LabelSelector) bool {
 // covers reports whether every connection rule b matches, rule a matches too: then a, checked
 // first, decides them all and b is never reached.
 func covers(a, b cnpRule) bool {
+	if a.failClosed || b.failClosed {
+		return false // what such a peer matches depends on the action: leave it to the agent's log
+	}
 	if len(a.protocols) > 0 && len(b.protocols) == 0 {
 		return false // a limits the ports and b takes all of them
 	}
@@ -77,7 +86,7 @@ func covers(a, b cnpRule) bool {
 func isPodPeer(p any) bool {
 	switch p := p.(type) {
 	case npav1beta1.ClusterNetworkPolicyIngressPeer:
-		return true
+		return p.Namespaces != nil || p.Pods != nil
 	case npav1beta1.ClusterNetworkPolicyEgressPeer:
 		return p.Namespaces != nil || p.Pods != nil
 	}
@@ -137,7 +146,8 @@ func checkClusterPolicies(r *Report, v *view) {
 			if a == b || pa.Spec.Tier != pb.Spec.Tier {
 				continue
 			}
-			if pa.Spec.Priority == pb.Spec.Priority && a < b && overlap(subjects[a], subjects[b]) {
+			shareDirection := len(pa.Spec.Ingress) > 0 && len(pb.Spec.Ingress) > 0 || len(pa.Spec.Egress) > 0 && len(pb.Spec.Egress) > 0
+			if pa.Spec.Priority == pb.Spec.Priority && a < b && shareDirection && overlap(subjects[a], subjects[b]) {
 				r.add(Finding{Severity: Warning, Check: "priority-collision", Object: "ClusterNetworkPolicy " + b, Field: "spec.priority",
 					Problem: fmt.Sprintf("has priority %d in the %s tier, as ClusterNetworkPolicy %s has, and they select the same pods", pb.Spec.Priority, pb.Spec.Tier, a),
 					Why:     "between two policies of one priority the order is not defined: which one decides a connection both match may differ between implementations and nodes",
@@ -182,7 +192,7 @@ func checkCNPPeers(r *Report, v *view, obj string, rule cnpRule, egress bool, su
 		var selectsPods bool
 		switch p := p.(type) {
 		case npav1beta1.ClusterNetworkPolicyIngressPeer:
-			pods, selectsPods = v.cnpPeerPods(p.Namespaces, p.Pods), true
+			pods, selectsPods = v.cnpPeerPods(p.Namespaces, p.Pods), p.Namespaces != nil || p.Pods != nil
 		case npav1beta1.ClusterNetworkPolicyEgressPeer:
 			if p.Namespaces != nil || p.Pods != nil {
 				pods, selectsPods = v.cnpPeerPods(p.Namespaces, p.Pods), true

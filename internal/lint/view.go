@@ -47,8 +47,11 @@ func (v *view) namespaceMatches(ns string, nsSel *metav1.LabelSelector, inNS str
 	if nsSel == nil {
 		return inNS == "" || ns == inNS
 	}
-	n := v.st.Namespaces[ns]
-	return n != nil && selector(nsSel).Matches(labels.Set(n.Labels))
+	set := labels.Set{cluster.NamespaceNameLabel: ns} // what the agent gives a namespace it has no object of
+	if n := v.st.Namespaces[ns]; n != nil {
+		set = n.Labels
+	}
+	return selector(nsSel).Matches(set)
 }
 
 // pods lists the pods that nsSel and podSel match together; a nil nsSel means namespace inNS

@@ -27,6 +27,9 @@ type Expectation struct {
 	// group does does not: an element that leads to another chain of the map's stage with the
 	// same jumps holds the fact.
 	jumps func() []string
+	// kind is what the wanted group chain's name begins with and ends with (its stage,
+	// direction and family): only a chain of that kind can stand for it.
+	kind [2]string
 }
 
 func (e Expectation) String() string {
@@ -55,9 +58,10 @@ func Expectations(rs *policy.Ruleset, dir policy.Direction, local, peer netip.Ad
 		if st.Group != "" {
 			name := familyChain(st.Group, v6)
 			e.Want = "jump " + name
+			e.kind = [2]string{groupKind(st.Group), famSuffix(v6)}
 			e.jumps = func() []string {
 				if c := rendered().Chains[name]; c != nil {
-					return chainJumps(c.rules)
+					return append(chainJumps(c.rules), "") // never nil: a group may jump nowhere
 				}
 				return nil
 			}
@@ -114,15 +118,32 @@ func sameGroup(ctx context.Context, e Expectation, got string) (same bool, why s
 	if !ok || e.jumps == nil {
 		return false, ""
 	}
+	if !strings.HasPrefix(name, e.kind[0]) || !strings.HasSuffix(name, e.kind[1]) {
+		return false, fmt.Sprintf(", which is no %s*%s chain", e.kind[0], e.kind[1])
+	}
 	out, err := exec.CommandContext(ctx, "nft", "list", "chain", "inet", TableName, name).CombinedOutput()
 	if err != nil {
 		return false, fmt.Sprintf(" (listing it: %s)", strings.TrimSpace(string(out)))
 	}
-	have, want := chainJumps(strings.Split(string(out), "\n")), e.jumps()
-	if slices.Equal(have, want) {
+	have, want := append(chainJumps(strings.Split(string(out), "\n")), ""), e.jumps()
+	if want != nil && slices.Equal(have, want) {
 		return true, ""
 	}
-	return false, fmt.Sprintf(", which jumps to [%s], not [%s]", strings.Join(have, " "), strings.Join(want, " "))
+	return false, fmt.Sprintf(", which jumps to [%s], not [%s]", strings.TrimSpace(strings.Join(have, " ")), strings.TrimSpace(strings.Join(want, " ")))
+}
+
+// groupKind is the part of a group's name that says its stage and direction
+// ("grp-ingress-", "admin-grp-egress-"), before the hash that tells groups apart.
+func groupKind(group string) string {
+	i := strings.Index(group, "grp-")
+	if i < 0 {
+		return group
+	}
+	j := strings.IndexByte(group[i+len("grp-"):], '-')
+	if j < 0 {
+		return group
+	}
+	return group[:i+len("grp-")+j+1]
 }
 
 // chainJumps lists the chains that rules jump or go to, in order.

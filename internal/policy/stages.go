@@ -81,3 +81,27 @@ func (s *AddrSet) Holds(addr netip.Addr) bool {
 	_, found := slices.BinarySearchFunc(s.Addrs, addr, netip.Addr.Compare)
 	return found
 }
+
+// AddressRules names the policies judging local in direction dir (in any stage) that have a
+// rule naming addresses (a NetworkPolicy ipBlock, a ClusterNetworkPolicy's networks): the
+// verdicts whose outcome depends on the peer's address, not only on its identity.
+func (rs *Ruleset) AddressRules(dir Direction, local netip.Addr) []string {
+	var out []string
+	hasCIDR := func(peers []Peer) bool {
+		return slices.ContainsFunc(peers, func(p Peer) bool { return p.CIDRSet != "" })
+	}
+	for _, sg := range rs.StageGroups(dir, local) {
+		for _, chain := range sg.Policies {
+			name, found := "", false
+			if pr := rs.Policies[chain]; pr != nil {
+				name, found = "NetworkPolicy "+pr.Source, slices.ContainsFunc(pr.Rules, func(r Rule) bool { return hasCIDR(r.Peers) })
+			} else if cp := rs.ClusterPolicies[chain]; cp != nil {
+				name, found = "ClusterNetworkPolicy "+cp.Source, slices.ContainsFunc(cp.Rules, func(r ClusterRule) bool { return hasCIDR(r.Peers) })
+			}
+			if found && !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
+}
