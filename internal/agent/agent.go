@@ -261,7 +261,7 @@ func (a *Agent) policyOnce(ctx context.Context) error {
 	a.log.Info("synced", "backend", a.np.Backend.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", time.Since(compiled).Round(time.Microsecond),
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
-		"clusterPolicies", stats.ClusterPoliciesSelecting)
+		"clusterPolicies", stats.ClusterPoliciesSelecting, "staged", stats.Staged)
 	a.applied.Store(rs)
 	a.policyApplied(st)
 	retire(ctx, a.log, a.policy.name, a.np.RetireOthers)
@@ -436,7 +436,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", applied.Sub(compiled).Round(time.Microsecond),
 		"guard", time.Since(applied).Round(time.Microsecond),
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
-		"clusterPolicies", stats.ClusterPoliciesSelecting}
+		"clusterPolicies", stats.ClusterPoliciesSelecting, "staged", stats.Staged}
 	attrs = syncedAttrs(attrs, seen, res)
 	if res.Operations > 0 || res.Full {
 		a.log.Info("synced", attrs...)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -21,7 +22,7 @@ import (
 func explainCmd() *cobra.Command {
 	var f stateFlags
 	var from, to, port string
-	var kernel bool
+	var kernel, staged bool
 	cmd := &cobra.Command{
 		Use:   "explain --from NS/POD|IP|FILE --to NS/POD|IP|FILE --port PORT/PROTO",
 		Short: "Explain the NetworkPolicy verdict of a connection: each direction, and the objects that decide it",
@@ -91,7 +92,11 @@ where no backend is programmed.`,
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "kernel of node %s: %s backend\n", node, kc.backend)
 			}
-			return explainWith(cmd.OutOrStdout(), st, src, dst, proto, portNum, kc)
+			if staged {
+				nps, cnps := policy.Staged(st)
+				fmt.Fprintf(cmd.OutOrStdout(), "staged (not enforced): %d NetworkPolicies %v, %d ClusterNetworkPolicies %v\n", len(nps), sorted(nps), len(cnps), sorted(cnps))
+			}
+			return explainWith(cmd.OutOrStdout(), st, src, dst, proto, portNum, kc, staged)
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", "", "the connecting side: NAMESPACE/POD, an IP address, or a Pod manifest file not applied yet")
@@ -99,6 +104,7 @@ where no backend is programmed.`,
 	cmd.Flags().StringVar(&port, "port", "", "destination port and protocol, e.g. 80/tcp (tcp, udp or sctp)")
 	fs := cmd.Flags()
 	fs.StringVar(&f.nodeName, "node-name", "", "this node's name, for --kernel (default $NODE_NAME, then the hostname); each direction is judged at its pod's node")
+	fs.BoolVar(&staged, "staged", false, "also judge each direction as it will be once the staged policies (annotated "+policy.StagedAnnotation+": \"true\") are enforced: would-deny, would-allow or no change")
 	fs.BoolVar(&kernel, "kernel", false, "also check this node's kernel (the nftables or iptables backend the agent programmed) for the dispatch and peer set memberships the verdicts judged here depend on")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for the Kubernetes API; in-cluster config when empty and KUBERNETES_SERVICE_HOST is set")
 	fs.StringVar(&f.manifests, "manifests", "", "read cluster state from the manifests in this directory instead of the API")
@@ -209,19 +215,16 @@ func stringers[T fmt.Stringer](in []T) []fmt.Stringer {
 
 // explain prints, for each family both ends have, the egress and ingress judgements.
 func explain(out io.Writer, st *cluster.State, src, dst endpoint, proto policy.Protocol, port uint16) error {
-	return explainWith(out, st, src, dst, proto, port, nil)
+	return explainWith(out, st, src, dst, proto, port, nil, false)
 }
 
-// explainWith is explain, checking the kernel with kc when it is set.
-func explainWith(out io.Writer, st *cluster.State, src, dst endpoint, proto policy.Protocol, port uint16, kc *kernelCheck) error {
-	rulesets := map[string]*policy.Ruleset{}
-	rulesetOf := func(node string) *policy.Ruleset {
-		if rs, ok := rulesets[node]; ok {
-			return rs
-		}
-		rs, _ := policy.Compile(st, node)
-		rulesets[node] = rs
-		return rs
+// explainWith is explain, checking the kernel with kc when it is set, and judging each
+// direction as it would be with the staged policies enforced too when staged is set.
+func explainWith(out io.Writer, st *cluster.State, src, dst endpoint, proto policy.Protocol, port uint16, kc *kernelCheck, staged bool) error {
+	rulesetOf := compiledPerNode(st, policy.Compile)
+	var stagedOf func(string) *policy.Ruleset
+	if staged {
+		stagedOf = compiledPerNode(st, policy.CompileAsWritten)
 	}
 	what := fmt.Sprintf("%s/%d", strings.ToUpper(string(proto)), port)
 	families := 0
@@ -232,13 +235,24 @@ func explainWith(out io.Writer, st *cluster.State, src, dst endpoint, proto poli
 			}
 			families++
 			fmt.Fprintf(out, "%s (%s) -> %s (%s) %s:\n", src.name, sip, dst.name, dip, what)
-			egress := judgeSide(out, rulesetOf, policy.Egress, src, dst, sip, dip, proto, port, what, kc)
-			ingress := judgeSide(out, rulesetOf, policy.Ingress, dst, src, dip, sip, proto, port, what, kc)
+			egress, stagedEgress := judgeSide(out, rulesetOf, stagedOf, policy.Egress, src, dst, sip, dip, proto, port, what, kc)
+			ingress, stagedIngress := judgeSide(out, rulesetOf, stagedOf, policy.Ingress, dst, src, dip, sip, proto, port, what, kc)
 			verdict := "allowed"
 			if !egress || !ingress {
 				verdict = "denied"
 			}
 			fmt.Fprintf(out, "  verdict: %s\n", verdict)
+			if staged {
+				now, then := egress && ingress, stagedEgress && stagedIngress
+				switch {
+				case now && !then:
+					fmt.Fprintf(out, "  staged:  would-deny (allowed now, denied once the staged policies apply)\n")
+				case !now && then:
+					fmt.Fprintf(out, "  staged:  would-allow (denied now, allowed once the staged policies apply)\n")
+				default:
+					fmt.Fprintf(out, "  staged:  no change\n")
+				}
+			}
 		}
 	}
 	if families == 0 {
@@ -252,16 +266,25 @@ func explainWith(out io.Writer, st *cluster.State, src, dst endpoint, proto poli
 
 // judgeSide prints and returns the verdict of direction dir at local (the pod whose side it is:
 // the source for egress, the destination for ingress) towards peer.
-func judgeSide(out io.Writer, rulesetOf func(node string) *policy.Ruleset, dir policy.Direction, local, peer endpoint,
-	localIP, peerIP netip.Addr, proto policy.Protocol, port uint16, what string, kc *kernelCheck) bool {
+// With stagedOf, it also judges with the staged policies enforced and returns that verdict as
+// staged, printing it where it differs.
+func judgeSide(out io.Writer, rulesetOf, stagedOf func(node string) *policy.Ruleset, dir policy.Direction, local, peer endpoint,
+	localIP, peerIP netip.Addr, proto policy.Protocol, port uint16, what string, kc *kernelCheck) (allowed, staged bool) {
 	label := fmt.Sprintf("%s:", dir)
 	if !local.pod {
 		fmt.Fprintf(out, "  %-8s allowed (%s is no pod: NetworkPolicy does not judge its %s)\n", label, local.name, dir)
-		return true
+		return true, true
 	}
 	rs := rulesetOf(local.node)
 	j := rs.Judge(dir, localIP, peerIP, proto, port)
 	fmt.Fprintf(out, "  %-8s %s\n", label, describe(j, local.name, peer.name, what))
+	staged = j.Allowed
+	if stagedOf != nil {
+		sj := stagedOf(local.node).Judge(dir, localIP, peerIP, proto, port)
+		if staged = sj.Allowed; sj.Allowed != j.Allowed {
+			fmt.Fprintf(out, "           staged: %s\n", describe(sj, local.name, peer.name, what))
+		}
+	}
 	if peer.standIn {
 		noteStandIn(out, rs, dir, localIP, peer)
 	}
@@ -271,7 +294,20 @@ func judgeSide(out io.Writer, rulesetOf func(node string) *policy.Ruleset, dir p
 	case kc != nil:
 		kc.check(out, rs, dir, local, localIP, peerIP)
 	}
-	return j.Allowed
+	return j.Allowed, staged
+}
+
+// compiledPerNode returns the ruleset of each node compile gives for st, compiled once.
+func compiledPerNode(st *cluster.State, compile func(*cluster.State, string) (*policy.Ruleset, policy.Stats)) func(string) *policy.Ruleset {
+	rulesets := map[string]*policy.Ruleset{}
+	return func(node string) *policy.Ruleset {
+		if rs, ok := rulesets[node]; ok {
+			return rs
+		}
+		rs, _ := compile(st, node)
+		rulesets[node] = rs
+		return rs
+	}
 }
 
 // check prints what the kernel of this node says about the facts a verdict judged here
@@ -366,3 +402,5 @@ func describeTier(tier string, t *policy.TierJudgement, dir policy.Direction) st
 	}
 	return fmt.Sprintf("%s tier: passed by ClusterNetworkPolicy %s (its %s)", tier, t.Policy, rule)
 }
+
+func sorted(s []string) []string { slices.Sort(s); return s }

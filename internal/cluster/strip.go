@@ -50,9 +50,30 @@ func (in *Interner) StripMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 		Name:            m.Name,
 		Namespace:       m.Namespace,
 		Labels:          in.Labels(m.Labels),
+		Annotations:     KeptAnnotations(m.Annotations),
 		ResourceVersion: m.ResourceVersion,
 		UID:             m.UID,
 	}
+}
+
+// StagedAnnotation marks a NetworkPolicy or ClusterNetworkPolicy as staged when "true": it
+// changes no verdict (see policy.IsStaged).
+const StagedAnnotation = "netwarden.io/staged"
+
+var stagedTrue = map[string]string{StagedAnnotation: "true"}
+
+// KeptAnnotations returns the annotations the agent reads (only StagedAnnotation) out of a,
+// nil when there are none; the common one is one map shared by every object, which, like every
+// object of a snapshot, is never modified.
+func KeptAnnotations(a map[string]string) map[string]string {
+	v, ok := a[StagedAnnotation]
+	switch {
+	case !ok:
+		return nil
+	case v == "true":
+		return stagedTrue
+	}
+	return map[string]string{StagedAnnotation: v}
 }
 
 // StripPod is cluster.StripPod, with the labels and container port lists interned.

@@ -25,6 +25,8 @@ type Stats struct {
 	RecomputedSets    int // peer sets computed from scratch rather than updated by delta
 
 	ClusterPoliciesSelecting int // ClusterNetworkPolicies that select at least one local pod
+	// Staged counts the policies left out because they are staged (see StagedAnnotation).
+	Staged int
 }
 
 // Compiler compiles successive snapshots for one node. It is level-triggered: what the result
@@ -35,6 +37,9 @@ type Stats struct {
 type Compiler struct {
 	node string
 	sels selectorCache
+	// staged are the staged policies, left out unless asWritten (see StagedAnnotation).
+	staged    stagedKeys
+	asWritten bool
 
 	podPtr   map[string]*corev1.Pod         // every pod of the previous snapshot
 	pods     map[string]*podInfo            // its eligible pods
@@ -150,7 +155,13 @@ func (cc *Compiler) Unchanged(st *cluster.State) bool {
 
 // Compile computes the desired Ruleset for the compiler's node from st.
 func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
+	if !cc.asWritten {
+		st = cc.staged.enforced(st, st.Changes != nil && cc.gen != 0 && st.Changes.Since == cc.gen)
+	}
 	var stats Stats
+	if !cc.asWritten {
+		stats.Staged = len(cc.staged.np) + len(cc.staged.cnp)
+	}
 	var changes []podChange
 	var nsChanged bool
 	// onlyClusterPolicies: nothing a NetworkPolicy verdict depends on changed.

@@ -143,7 +143,8 @@ func decodeTyped(kind string, raw []byte) (metav1.Object, bool) {
 // as the API source's transform does: at thousands of objects a file's last good content is
 // held in memory as long as it is in effect.
 func stripClusterPolicy(o *npav1beta1.ClusterNetworkPolicy) {
-	o.ObjectMeta = metav1.ObjectMeta{Name: o.Name, Labels: o.Labels, UID: o.UID, ResourceVersion: o.ResourceVersion, Generation: o.Generation}
+	o.ObjectMeta = metav1.ObjectMeta{Name: o.Name, Labels: o.Labels, Annotations: cluster.KeptAnnotations(o.Annotations),
+		UID: o.UID, ResourceVersion: o.ResourceVersion, Generation: o.Generation}
 	o.Status = npav1beta1.ClusterNetworkPolicyStatus{}
 }
 
