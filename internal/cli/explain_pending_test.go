@@ -76,16 +76,7 @@ func TestExplainBeforePodsHaveAddresses(t *testing.T) {
 // judged as a pod of its namespace with its labels, and a rule naming addresses is pointed
 // out as one its real address could meet differently.
 func TestExplainPodManifestFile(t *testing.T) {
-	dir := t.TempDir()
-	for _, f := range []string{"cluster.yaml", "policies.yaml"} {
-		data, err := os.ReadFile(filepath.Join("../../examples/manifests", f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := exampleManifests(t)
 	pod := filepath.Join(t.TempDir(), "web2.yaml")
 	if err := os.WriteFile(pod, []byte("apiVersion: v1\nkind: Pod\nmetadata: {name: web2, namespace: frontend, labels: {app: web}}\nspec: {containers: [{name: c, image: x}]}\n"), 0o644); err != nil {
 		t.Fatal(err)

@@ -16,8 +16,8 @@ import (
 	"github.com/netwarden/netwarden/internal/source/manifests"
 )
 
-// exampleState is the demo's cluster and policies, with the pods running on two nodes.
-func exampleState(t *testing.T) *cluster.State {
+// exampleManifests copies the demo's cluster and policies into a directory of the test's.
+func exampleManifests(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, f := range []string{"cluster.yaml", "policies.yaml"} {
@@ -29,6 +29,13 @@ func exampleState(t *testing.T) *cluster.State {
 			t.Fatal(err)
 		}
 	}
+	return dir
+}
+
+// exampleState is the demo's cluster and policies, with the pods running on two nodes.
+func exampleState(t *testing.T) *cluster.State {
+	t.Helper()
+	dir := exampleManifests(t)
 	st, errs := manifests.Load(dir, nil)
 	if len(errs) > 0 {
 		t.Fatal(errs)

@@ -76,14 +76,10 @@ func checkDNS(r *Report, v *view, rs *policy.Ruleset, judged *cluster.State, sta
 			opts.DNSNamespace, labels.SelectorFromSet(opts.DNSLabels)))
 		return
 	}
-	type cause struct {
-		obj, field, fix  string
-		dependsOnAddress bool
-	}
 	denied := map[cause][]string{}
 	var order []cause
 	keyOf := func(p *corev1.Pod) string { return cluster.Key(p.Namespace, p.Name) }
-	addrOf := func(p *corev1.Pod) []netip.Addr { return eligible(judged.Pods[keyOf(p)]) }
+	addrOf := func(p *corev1.Pod) []netip.Addr { return policy.EligibleIPs(judged.Pods[keyOf(p)]) }
 	for _, p := range v.pods {
 		if slices.Contains(dns, p) {
 			continue
@@ -102,15 +98,14 @@ func checkDNS(r *Report, v *view, rs *policy.Ruleset, judged *cluster.State, sta
 						reached = true
 						continue
 					}
-					c := dnsCause(j, opts)
-					why = cause{obj: c.obj, field: c.field, fix: c.fix, dependsOnAddress: why.dependsOnAddress}
+					why.blame = dnsCause(j, opts)
 					if (standIns[keyOf(p)] != nil || standIns[keyOf(d)] != nil) && len(rs.AddressRules(policy.Egress, src)) > 0 {
 						why.dependsOnAddress = true
 					}
 				}
 			}
 		}
-		if judgedAny && !reached && why.obj != "" {
+		if judgedAny && !reached && why.blame.obj != "" {
 			if _, ok := denied[why]; !ok {
 				order = append(order, why)
 			}
@@ -123,10 +118,10 @@ func checkDNS(r *Report, v *view, rs *policy.Ruleset, judged *cluster.State, sta
 		if len(pods) > 5 {
 			list = strings.Join(pods[:5], ", ") + fmt.Sprintf(" and %d more", len(pods)-5)
 		}
-		f := Finding{Severity: Error, Check: "dns-egress", Object: c.obj, Field: c.field,
+		f := Finding{Severity: Error, Check: "dns-egress", Object: c.blame.obj, Field: c.blame.field,
 			Problem: fmt.Sprintf("pods %s cannot reach the cluster DNS (%s) on UDP port %d", list, keyOf(dns[0]), dnsPort(dns[0])),
 			Why:     "every name lookup of these pods fails, so nearly every connection they make fails before it starts",
-			Fix:     c.fix}
+			Fix:     c.blame.fix}
 		if c.dependsOnAddress {
 			f.Severity = Warning
 			f.Problem += ", judged at stand-in addresses (they have none yet) while rules naming addresses (ipBlock, networks) take part: it depends on the addresses they get"
@@ -148,8 +143,17 @@ func dnsPort(p *corev1.Pod) uint16 {
 	return 53
 }
 
+// dnsBlame is the policy whose verdict denied DNS, and what to change in it.
+type dnsBlame struct{ obj, field, fix string }
+
+// cause is why pods cannot reach DNS: whom to blame, and whether it rests on stand-in addresses.
+type cause struct {
+	blame            dnsBlame
+	dependsOnAddress bool
+}
+
 // dnsCause names the policy whose verdict denied DNS and what to change in it.
-func dnsCause(j policy.Judgement, opts Options) (c struct{ obj, field, fix string }) {
+func dnsCause(j policy.Judgement, opts Options) (c dnsBlame) {
 	peer := fmt.Sprintf("namespaceSelector {%s: %s}, podSelector %s", cluster.NamespaceNameLabel, opts.DNSNamespace, labels.SelectorFromSet(opts.DNSLabels))
 	switch {
 	case j.Admin != nil && j.Admin.Action == policy.Deny:

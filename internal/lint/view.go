@@ -10,7 +10,6 @@ import (
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
-	"github.com/netwarden/netwarden/internal/policy"
 )
 
 // view answers which objects of a state a selector matches, as the policy model counts them:
@@ -124,16 +123,5 @@ func hasNamedPort(pods []*corev1.Pod, name string, proto corev1.Protocol) bool {
 	})
 }
 
-func keys(pods []*corev1.Pod) []string {
-	out := make([]string, len(pods))
-	for i, p := range pods {
-		out[i] = cluster.Key(p.Namespace, p.Name)
-	}
-	return out
-}
-
 // sortedKeys returns a map's keys in order, so that findings come out the same each run.
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
-
-// eligible is policy.EligibleIPs, for the view's callers.
-var eligible = policy.EligibleIPs

@@ -149,6 +149,12 @@ func deleteByDump(sock *nftnl.Raw, matches []Match) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("conntrack: deleting entries: %w", err)
 	}
+	return carriedOut(errs, "deleting")
+}
+
+// carriedOut counts the requests of one batch the kernel carried out; an entry that went away
+// meanwhile (ENOENT) is neither counted nor a failure.
+func carriedOut(errs []error, doing string) (int, error) {
 	n := 0
 	var failed []error
 	for _, e := range errs {
@@ -161,7 +167,7 @@ func deleteByDump(sock *nftnl.Raw, matches []Match) (int, error) {
 		}
 	}
 	if len(failed) > 0 {
-		return n, fmt.Errorf("conntrack: deleting %d entries: %w", len(failed), errors.Join(failed...))
+		return n, fmt.Errorf("conntrack: %s %d entries: %w", doing, len(failed), errors.Join(failed...))
 	}
 	return n, nil
 }

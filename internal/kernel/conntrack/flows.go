@@ -76,21 +76,7 @@ func SetMarkBits(sock *nftnl.Raw, flows []Flow, mask uint32, set bool) (int, err
 	if err != nil {
 		return 0, fmt.Errorf("conntrack: marking entries: %w", err)
 	}
-	n := 0
-	var failed []error
-	for _, e := range errs {
-		switch {
-		case e == nil:
-			n++
-		case errors.Is(e, unix.ENOENT):
-		default:
-			failed = append(failed, e)
-		}
-	}
-	if len(failed) > 0 {
-		return n, fmt.Errorf("conntrack: marking %d entries: %w", len(failed), errors.Join(failed...))
-	}
-	return n, nil
+	return carriedOut(errs, "marking")
 }
 
 const (
