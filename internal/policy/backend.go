@@ -46,3 +46,25 @@ type PolicyCounters interface {
 	SetPolicyCounters(bool)
 	ReadCounters(ctx context.Context) ([]RuleCounter, error)
 }
+
+// StagedCounter is how many connections one staged verdict rule of a backend has seen: new
+// connections judged Outcome (WouldDeny or WouldAllow) due to Cause (a key of
+// StagedJudgement.Causes).
+type StagedCounter struct {
+	Cause   string
+	Outcome string
+	// Rule tells the counter apart from others for as long as its rule exists; a rule written
+	// anew is a new counter, which starts again at zero.
+	Rule    string
+	Packets uint64
+}
+
+// StagedReporter is a NetworkPolicy backend that judges each new connection also as the
+// staged policies would (Ruleset.Staged) and records the differences in the kernel: counted
+// always, and logged to NFLOG with StagedLogID prefixes when SetStagedLog has a configuration
+// (called before the first sync). ReadStagedCounters must not disturb a sync running at the
+// same time.
+type StagedReporter interface {
+	SetStagedLog(*DropLog)
+	ReadStagedCounters(ctx context.Context) ([]StagedCounter, error)
+}

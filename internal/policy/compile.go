@@ -40,6 +40,9 @@ type Compiler struct {
 	// staged are the staged policies, left out unless asWritten (see StagedAnnotation).
 	staged    stagedKeys
 	asWritten bool
+	// written compiles the snapshots as written while they have staged policies, for the
+	// judgement of what those would change (Ruleset.Staged).
+	written *Compiler
 
 	podPtr   map[string]*corev1.Pod         // every pod of the previous snapshot
 	pods     map[string]*podInfo            // its eligible pods
@@ -155,13 +158,27 @@ func (cc *Compiler) Unchanged(st *cluster.State) bool {
 
 // Compile computes the desired Ruleset for the compiler's node from st.
 func (cc *Compiler) Compile(st *cluster.State) (*Ruleset, Stats) {
-	if !cc.asWritten {
-		st = cc.staged.enforced(st, st.Changes != nil && cc.gen != 0 && st.Changes.Since == cc.gen)
+	if cc.asWritten {
+		return cc.compile(st)
 	}
+	asWritten := st
+	st = cc.staged.enforced(st, st.Changes != nil && cc.gen != 0 && st.Changes.Since == cc.gen)
+	rs, stats := cc.compile(st)
+	stats.Staged = len(cc.staged.np) + len(cc.staged.cnp)
+	if stats.Staged == 0 {
+		cc.written = nil
+		return rs, stats
+	}
+	if cc.written == nil {
+		cc.written = NewCompiler(cc.node)
+		cc.written.asWritten = true
+	}
+	written, _ := cc.written.Compile(asWritten)
+	return withStaged(rs, written), stats
+}
+
+func (cc *Compiler) compile(st *cluster.State) (*Ruleset, Stats) {
 	var stats Stats
-	if !cc.asWritten {
-		stats.Staged = len(cc.staged.np) + len(cc.staged.cnp)
-	}
 	var changes []podChange
 	var nsChanged bool
 	// onlyClusterPolicies: nothing a NetworkPolicy verdict depends on changed.

@@ -52,6 +52,11 @@ type Ruleset struct {
 	// selects at least one local pod. Its peers name AddrSets, CIDRSets and NamedPortSets
 	// like those of NetworkPolicies (identical selectors share a set).
 	ClusterPolicies map[string]*ClusterPolicyRules
+
+	// Staged, when the snapshot has staged policies, is how to judge connections also as they
+	// will be once those are enforced, to report the difference (see StagedJudgement). The
+	// sets its rules name are in the maps above. Nil when no policy is staged.
+	Staged *StagedJudgement
 }
 
 // Tier is the dispatch of one ClusterNetworkPolicy tier: for each local pod IP a subject of
