@@ -60,6 +60,10 @@ type NetworkPolicy struct {
 	// DropLog, when set, logs the packets policy drops (see policy.DropLog): the backend
 	// adds the log rules and the agent reads the group, one line per denied attempt.
 	DropLog *policy.DropLog
+	// StagedLog, when set, logs each new connection that the staged policies would judge
+	// otherwise (backends that implement policy.StagedReporter), with the same limits and to
+	// the same group as DropLog when both are set. Such connections are counted either way.
+	StagedLog *policy.DropLog
 	// Counters, when set, counts the packets each policy's rules decide and exports them as
 	// netwarden_policy_packets_total (backends that implement policy.PolicyCounters).
 	Counters bool
@@ -124,6 +128,10 @@ func New(cfg Config) *Agent {
 		a.policy = a.newPolicyLoop()
 		if dl, ok := a.np.Backend.(policy.DropLogger); ok && a.np.DropLog != nil {
 			dl.SetDropLog(a.np.DropLog)
+		}
+		if sr, ok := a.np.Backend.(policy.StagedReporter); ok {
+			sr.SetStagedLog(a.np.StagedLog)
+			a.metrics.registry.MustRegister(newStagedCounterCollector(a, sr))
 		}
 		if pc, ok := a.np.Backend.(policy.PolicyCounters); ok && a.np.Counters {
 			pc.SetPolicyCounters(true)
@@ -293,16 +301,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		// Sync's to report.
 		go func() { _ = p.Probe() }()
 	}
-	if a.np != nil && a.np.DropLog != nil {
-		// Before the first sync, so that no logged drop goes unread and a group another
+	if cfg, what := a.nflogConfig(); cfg != nil {
+		// Before the first sync, so that no logged packet goes unread and a group another
 		// process holds stops the agent with a clear error.
-		d, err := openDropLog(a, a.np.DropLog)
+		d, err := openDropLog(a, cfg)
 		if err != nil {
-			return fmt.Errorf("--log-drops: %w", err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		a.drops = d
 		go d.run(ctx)
-		a.log.Info("logging drops", "nflogGroup", a.np.DropLog.Group, "rate", a.np.DropLog.Rate, "burst", a.np.DropLog.Burst)
+		a.log.Info("reading logged packets", "for", what, "nflogGroup", cfg.Group, "rate", cfg.Rate, "burst", cfg.Burst)
 	}
 	srcErr := a.startSource(ctx)
 	if err := a.waitSynced(ctx, srcErr); err != nil {

@@ -50,7 +50,7 @@ func openDropLog(a *Agent, cfg *policy.DropLog) (*dropLog, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.metrics.registerDropLog()
+	a.metrics.registerDropLog(a.np.DropLog != nil)
 	return &dropLog{a: a, conn: conn, seen: map[flowKey]time.Time{}}, nil
 }
 
@@ -82,27 +82,18 @@ func (d *dropLog) handle(p nflog.Packet, now time.Time) {
 	if !strings.HasPrefix(p.Prefix, policy.DropIDPrefix) {
 		return // another program's log rule uses our group
 	}
+	if d.handleStaged(p, now) {
+		return
+	}
 	reason, ok := d.reason(p.Prefix)
 	dir := string(reason.Direction)
 	if !ok {
 		dir = "unknown"
 	}
 	d.a.metrics.droppedPackets.WithLabelValues(dir, reason.Namespace(), reason.PolicyLabel()).Inc()
-	key := flowKey{proto: p.Proto, src: p.Src, dst: p.Dst, srcPort: p.SrcPort, dstPort: p.DstPort}
-	if t, dup := d.seen[key]; dup && now.Sub(t) < dedupWindow {
+	if d.duplicate(p, now) {
 		return
 	}
-	if len(d.seen) >= maxSeen {
-		for k, t := range d.seen {
-			if now.Sub(t) >= dedupWindow {
-				delete(d.seen, k)
-			}
-		}
-		if len(d.seen) >= maxSeen {
-			clear(d.seen)
-		}
-	}
-	d.seen[key] = now
 	src, dst := d.pod(p.Src), d.pod(p.Dst)
 	attrs := []any{"direction", dir, "src", src, "srcIP", p.Src.String(), "dst", dst, "dstIP", p.Dst.String(),
 		"proto", nflog.ProtoName(p.Proto)}
@@ -121,6 +112,27 @@ func (d *dropLog) handle(p nflog.Packet, now time.Time) {
 		attrs = append(attrs, "reason", "rule "+p.Prefix+" no longer in the applied rules")
 	}
 	d.a.log.Info("packet dropped by policy", attrs...)
+}
+
+// duplicate reports whether p is a retry of an attempt logged within dedupWindow, and
+// remembers it otherwise.
+func (d *dropLog) duplicate(p nflog.Packet, now time.Time) bool {
+	key := flowKey{proto: p.Proto, src: p.Src, dst: p.Dst, srcPort: p.SrcPort, dstPort: p.DstPort}
+	if t, dup := d.seen[key]; dup && now.Sub(t) < dedupWindow {
+		return true
+	}
+	if len(d.seen) >= maxSeen {
+		for k, t := range d.seen {
+			if now.Sub(t) >= dedupWindow {
+				delete(d.seen, k)
+			}
+		}
+		if len(d.seen) >= maxSeen {
+			clear(d.seen)
+		}
+	}
+	d.seen[key] = now
+	return false
 }
 
 func (d *dropLog) reason(id string) (policy.DropReason, bool) {

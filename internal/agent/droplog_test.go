@@ -37,7 +37,7 @@ func TestDropLogLines(t *testing.T) {
 	st.Pods["x/old"] = pod("x", "old", "10.0.0.3", corev1.PodSucceeded) // its IP went to client
 	var buf bytes.Buffer
 	a := New(Config{NodeName: "n1", Source: staticSource{st}, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
-	a.metrics.registerDropLog()
+	a.metrics.registerDropLog(true)
 	rs := policy.NewRuleset()
 	rs.Groups["grp-ingress-1"] = policy.Group{Direction: policy.Ingress, Policies: []string{"in/x/b", "in/x/a"}}
 	rs.Policies["in/x/a"] = &policy.PolicyRules{Direction: policy.Ingress, Source: "x/a"}

@@ -110,7 +110,14 @@ func newMetrics() *metrics {
 	return m
 }
 
-func (m *metrics) registerDropLog() { m.registry.MustRegister(m.droppedPackets, m.dropLogLost) }
+// registerDropLog registers the drop log's metrics: the lost counter always, the dropped
+// packets only when drops are logged (the reader may be there for staged verdicts alone).
+func (m *metrics) registerDropLog(drops bool) {
+	m.registry.MustRegister(m.dropLogLost)
+	if drops {
+		m.registry.MustRegister(m.droppedPackets)
+	}
+}
 
 // featureMetrics are the metrics every feature's sync has, under the feature's name prefix.
 type featureMetrics struct {

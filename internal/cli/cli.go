@@ -203,6 +203,9 @@ func agentCmd() *cobra.Command {
 			if np.DropLog, err = df.config(f.networkPolicy); err != nil {
 				return err
 			}
+			if np.StagedLog, err = df.stagedConfig(f.networkPolicy); err != nil {
+				return err
+			}
 			if cpuProfile != "" {
 				stopProfile, err := startCPUProfile(cpuProfile)
 				if err != nil {

@@ -12,6 +12,7 @@ import (
 // dropFlags configure drop logging (agent --log-drops).
 type dropFlags struct {
 	enabled     bool
+	staged      bool // --log-staged
 	rate, burst uint32
 	group       uint16
 	// counters is --policy-counters, which goes with the other observability flags.
@@ -26,6 +27,8 @@ func (f *dropFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.BoolVar(&f.enabled, "log-drops", false,
 		"log each connection attempt that policy denies (source and destination pod, protocol, port, direction, deciding policy) and count it in netwarden_dropped_packets_total")
+	fs.BoolVar(&f.staged, "log-staged", false,
+		"log each new connection the staged policies (annotated netwarden.io/staged) would judge otherwise, as would-deny or would-allow, with the staged policy and rule; within --log-drops-rate and -burst, to --log-drops-group. Such connections are counted in netwarden_staged_verdicts_total either way")
 	fs.Uint32Var(&f.rate, "log-drops-rate", 10,
 		"packets a second each drop rule may log, limited in the kernel (1 to 10000); a flood beyond it is dropped unlogged")
 	fs.Uint32Var(&f.burst, "log-drops-burst", 20, "packets each drop rule may log at once above --log-drops-rate (1 to 10000)")
@@ -40,8 +43,21 @@ func (f *dropFlags) config(networkPolicy bool) (*policy.DropLog, error) {
 	if !f.enabled {
 		return nil, nil
 	}
+	return f.logConfig("--log-drops", networkPolicy)
+}
+
+// stagedConfig returns the staged verdict log configuration the flags ask for, nil when it
+// is off.
+func (f *dropFlags) stagedConfig(networkPolicy bool) (*policy.DropLog, error) {
+	if !f.staged {
+		return nil, nil
+	}
+	return f.logConfig("--log-staged", networkPolicy)
+}
+
+func (f *dropFlags) logConfig(flag string, networkPolicy bool) (*policy.DropLog, error) {
 	if !networkPolicy {
-		return nil, errors.New("--log-drops needs NetworkPolicy enforcement, which is off")
+		return nil, errors.New(flag + " needs NetworkPolicy enforcement, which is off")
 	}
 	if f.rate < 1 || f.rate > maxLogRate {
 		return nil, fmt.Errorf("--log-drops-rate %d: want 1 to %d packets a second", f.rate, maxLogRate)

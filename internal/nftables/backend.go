@@ -24,6 +24,7 @@ var (
 	_ policy.Backend         = (*Backend)(nil)
 	_ policy.DropLogger      = (*Backend)(nil)
 	_ policy.PolicyCounters  = (*Backend)(nil)
+	_ policy.StagedReporter  = (*Backend)(nil)
 	_ dataplane.KernelTables = (*Backend)(nil)
 )
 
@@ -59,7 +60,13 @@ func NewWithInterface(nft knftables.Interface) *Backend { return &Backend{nft: n
 
 // SetDropLog implements policy.DropLogger. The next sync renders every chain anew.
 func (b *Backend) SetDropLog(l *policy.DropLog) {
-	b.renderer = Renderer{log: l}
+	b.renderer = Renderer{log: l, stagedLog: b.renderer.stagedLog, counters: b.renderer.counters}
+}
+
+// SetStagedLog implements policy.StagedReporter: the differences the judgement of staged
+// policies finds are logged with their StagedLogID, within the limits of l.
+func (b *Backend) SetStagedLog(l *policy.DropLog) {
+	b.renderer = Renderer{log: b.renderer.log, stagedLog: l, counters: b.renderer.counters}
 }
 
 // Name implements policy.Backend.

@@ -19,8 +19,7 @@ import (
 // of each connection, and no object of its own: the counters come and go with their rules, so
 // an incremental sync stays what it was. The next sync renders every chain anew.
 func (b *Backend) SetPolicyCounters(on bool) {
-	log := b.renderer.log
-	b.renderer = Renderer{log: log, counters: on}
+	b.renderer = Renderer{log: b.renderer.log, stagedLog: b.renderer.stagedLog, counters: on}
 }
 
 // ReadCounters implements policy.PolicyCounters. It dumps the table's rules over netlink,
@@ -54,6 +53,23 @@ func (b *Backend) ReadCounters(ctx context.Context) ([]policy.RuleCounter, error
 		}
 		if rc, ok := parseCountedRule(m.Data[4:]); ok {
 			out = append(out, rc)
+		}
+	}
+	return out, nil
+}
+
+// ReadStagedCounters implements policy.StagedReporter: the counters of the chains recording
+// the differences staged policies would make, read as ReadCounters reads.
+func (b *Backend) ReadStagedCounters(ctx context.Context) ([]policy.StagedCounter, error) {
+	rules, err := b.ReadCounters(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []policy.StagedCounter
+	for _, r := range rules {
+		chain, _, _ := strings.Cut(r.Rule, "#")
+		if outcome, cause, ok := parseOutcomeChain(chain); ok {
+			out = append(out, policy.StagedCounter{Cause: cause, Outcome: outcome, Rule: r.Rule, Packets: r.Packets})
 		}
 	}
 	return out, nil
@@ -160,7 +176,7 @@ func verdictOf(b []byte) string {
 					switch {
 					case code == 1: // NF_ACCEPT
 						verdict = "accept"
-					case code == 0 && target == "", strings.HasPrefix(target, "drop-"):
+					case code == 0 && target == "", strings.HasPrefix(target, "drop-"), strings.HasPrefix(target, "staged-denied-"):
 						verdict = "drop"
 					case strings.HasPrefix(target, "admin-pass"):
 						verdict = "pass"

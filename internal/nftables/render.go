@@ -86,6 +86,11 @@ type Renderer struct {
 	log *policy.DropLog
 	// counters adds a counter to every rule that ends a policy's judgement (see PolicyCounters).
 	counters bool
+	// stagedLog, when set, logs the differences the judgement of staged policies finds.
+	stagedLog *policy.DropLog
+	// staged is whether the last render had staged policies, whose drops are rendered
+	// differently (see dropVerdict).
+	staged bool
 }
 
 type renderCache struct {
@@ -151,6 +156,10 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	// The cache of the render before the last is reused: nothing reads it any more.
 	rd.prev, rd.cur = rd.cur, rd.prev.recycle(rd.cur)
 	rs, skipped := policy.FailClosed(rs, rd.checkPolicy)
+	if staged := rs.Staged != nil; staged != rd.staged {
+		// Every drop is rendered anew: nothing rendered last time may be reused.
+		rd.prev, rd.staged = newRenderCache(rd.cur), staged
+	}
 	r := &Rendered{
 		Skipped: skipped,
 		Sets:    make(map[string]*set, 4+2*len(rs.AddrSets)+len(rs.CIDRSets)+2*len(rs.NamedPortSets)),
@@ -188,14 +197,20 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	// An isolated pod that no rule admits is dropped at the end of its group, after the
 	// drop is logged (--log-drops) under the group's ID, which is why each group then has an
 	// end of its own.
-	isolationDrop := []ruleSpec{{drop: true, counter: rd.counters}}
+	isolationDrop := map[policy.Direction]ruleSpec{}
+	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+		sp := dropVerdict(rd.staged, dir)
+		sp.counter = rd.counters
+		isolationDrop[dir] = sp
+	}
 	for name, g := range rs.Groups {
-		final := isolationDrop
+		final := []ruleSpec{isolationDrop[g.Direction]}
 		if rd.log != nil {
-			final = []ruleSpec{logSpec(rd.log, policy.GroupDropID(name)), isolationDrop[0]}
+			final = []ruleSpec{logSpec(rd.log, policy.GroupDropID(name)), final[0]}
 		}
 		rd.cur.groups[name] = rd.renderGroup(r, rd.prev.groups[name], name, g.Policies, groupFams[name], final)
 	}
+	rd.renderStaged(rs, r)
 	rd.renderSets(r, rs)
 	rd.pruneNames(r)
 	return r

@@ -81,7 +81,7 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 	for name, p := range rs.ClusterPolicies {
 		cc, ok := rd.prev.clusterPolicies[p]
 		if !ok {
-			cc = clusterPolicyChains(name, p, rd.log, rd.counters)
+			cc = clusterPolicyChains(name, p, rd.log, rd.counters, rd.staged)
 		}
 		rd.cur.clusterPolicies[p] = cc
 		r.Chains[rd.familyChain(name, false)], r.Chains[rd.familyChain(name, true)] = cc.chains[0], cc.chains[1]
@@ -121,21 +121,21 @@ func (rd *Renderer) renderTiers(rs *policy.Ruleset, r *Rendered) {
 // it in the Ruleset) as its IPv4 and IPv6 chain, in order, each rule ending in its action's
 // verdict. With drop logging a Deny rule goes to a chain of its own that logs and drops,
 // which leaves one rule per match: packets the rule does not match cost what they did.
-func clusterPolicyChains(name string, p *policy.ClusterPolicyRules, log *policy.DropLog, counters bool) clusterChains {
+func clusterPolicyChains(name string, p *policy.ClusterPolicyRules, log *policy.DropLog, counters, staged bool) clusterChains {
 	var specs [2][]ruleSpec
 	var drops map[string]*chain
 	for _, rule := range p.Rules {
 		var verdict ruleSpec
 		switch rule.Action {
 		case policy.Deny:
-			verdict.drop = true
+			verdict = dropVerdict(staged, p.Direction)
 			if log != nil {
 				id := policy.ClusterRuleDropID(name, rule.Index)
 				dc := dropChain(id)
 				if drops == nil {
 					drops = map[string]*chain{}
 				}
-				drops[dc] = specChain([]ruleSpec{logSpec(log, id), {drop: true}})
+				drops[dc] = specChain([]ruleSpec{logSpec(log, id), dropVerdict(staged, p.Direction)})
 				verdict = ruleSpec{gotoTo: dc}
 			}
 		case policy.Pass:

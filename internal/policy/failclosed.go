@@ -64,6 +64,16 @@ func FailClosed(rs *Ruleset, check func(chain string, pr *PolicyRules) error) (*
 			use(r.Peers, r.Ports)
 		}
 	}
+	// The staged judges stay whole as well: they name no policy's chain, only sets.
+	if rs.Staged != nil {
+		for _, j := range rs.Staged.Judges {
+			for _, seg := range j.Segments {
+				for _, r := range seg.Rules {
+					use(r.Peers, r.Ports)
+				}
+			}
+		}
+	}
 	out.Groups = make(map[string]Group, len(rs.Groups))
 	for name, g := range rs.Groups {
 		if slices.ContainsFunc(g.Policies, func(c string) bool { return out.Policies[c] == nil }) {

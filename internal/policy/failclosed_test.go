@@ -103,3 +103,47 @@ func TestFailClosed(t *testing.T) {
 		t.Error("a/web's named-port set dropped")
 	}
 }
+
+// TestFailClosedKeepsStagedSets: the sets only a staged judge names stay when a policy is
+// skipped, since the judge's rules still name them.
+func TestFailClosedKeepsStagedSets(t *testing.T) {
+	st := testState()
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "staged-from-db", Annotations: map[string]string{StagedAnnotation: "true"}},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+				{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"only": "staged"}}}}}},
+		},
+	}
+	cluster.DefaultNetworkPolicy(np)
+	st.Policies["a/staged-from-db"] = np
+	rs, _ := Compile(st, "n1")
+	if rs.Staged == nil {
+		t.Fatal("no staged judgement")
+	}
+	var judged []string
+	for _, j := range rs.Staged.Judges {
+		for _, seg := range j.Segments {
+			for _, r := range seg.Rules {
+				for _, p := range r.Peers {
+					if p.AddrSet != "" {
+						judged = append(judged, p.AddrSet)
+					}
+				}
+			}
+		}
+	}
+	if len(judged) == 0 {
+		t.Fatal("the judges name no set: the test proves nothing")
+	}
+	out, skipped := FailClosed(rs, func(string, *PolicyRules) error { return errors.New("rejected") })
+	if len(skipped) == 0 {
+		t.Fatal("nothing skipped")
+	}
+	for _, name := range judged {
+		if out.AddrSets[name] == nil {
+			t.Errorf("set %s, named by a staged judge, was dropped", name)
+		}
+	}
+}

@@ -79,7 +79,8 @@ const (
 )
 
 // StagedLogID is the log prefix of a staged verdict of outcome (WouldDeny or WouldAllow) due
-// to cause.
+// to cause. Cause IDs are 16 characters, which backends rely on: with iptables a chain named
+// after one must fit 28.
 func StagedLogID(outcome, cause string) string {
 	if outcome == WouldDeny {
 		return DropIDPrefix + "sd-" + cause
@@ -305,7 +306,7 @@ func (b *judgeBuilder) cause(c StagedCause) string {
 	return id
 }
 
-// Judge walks judge j for a connection with the conventions of Ruleset.Judge, using the sets
+// JudgeStaged walks judge j for a connection with the conventions of Ruleset.Judge, using the sets
 // of rs: the verdict as written and the cause it carries.
 func (rs *Ruleset) JudgeStaged(j *StagedJudge, local, peer netip.Addr, proto Protocol, port uint16) StagedStep {
 	dst := local
