@@ -93,8 +93,8 @@ func (r *Rendered) dispatch(rs *policy.Ruleset) dispatched {
 	d := dispatched{
 		used: map[string][2]bool{}, usedAdmin: map[string][2]bool{}, usedBaseline: map[string][2]bool{},
 		groupDirs: map[string]policy.Direction{},
-		tierDirs: map[policy.TierName]map[string]policy.Direction{policy.AdminTier: {}, policy.BaselineTier: {}},
-		entry:    map[policy.Direction][2]string{},
+		tierDirs:  map[policy.TierName]map[string]policy.Direction{policy.AdminTier: {}, policy.BaselineTier: {}},
+		entry:     map[policy.Direction][2]string{},
 	}
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
 		kind, flag := "I", "-d"

@@ -355,7 +355,9 @@ func editedChains(edits []string) []string {
 // SetStagedLog implements policy.StagedReporter: with l, each staged difference is also sent
 // to NFLOG with its policy.StagedLogID prefix; nil counts only. The next sync renders every
 // chain anew.
-func (b *Backend) SetStagedLog(l *policy.DropLog) { b.renderer = Renderer{log: b.renderer.log, stagedLog: l} }
+func (b *Backend) SetStagedLog(l *policy.DropLog) {
+	b.renderer = Renderer{log: b.renderer.log, stagedLog: l}
+}
 
 // ReadStagedCounters implements policy.StagedReporter: the packet counter of the last rule of
 // every outcome chain this backend wrote, per family, as iptables-save -c lists it.
