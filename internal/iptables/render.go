@@ -35,6 +35,10 @@
 // Baseline tier is judged only for pods that NetworkPolicy leaves alone. When a Ruleset has no
 // tiers the layout is exactly the first one.
 //
+// With staged policies (policy.Ruleset.Staged), new connections are judged a second time, as
+// the staged policies would, after each direction's verdict; see staged.go for those chains.
+// Without staged policies not one rule differs.
+//
 // Dispatch is a tree of address compares rather than a rule per group with an ipset lookup:
 // both are bounded by the node's pods, but a compare costs far less than a set lookup, and the
 // two-level tree crosses a few dozen of them per direction at most.
