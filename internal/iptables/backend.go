@@ -17,6 +17,7 @@ import (
 var (
 	_ policy.Backend         = (*Backend)(nil)
 	_ policy.DropLogger      = (*Backend)(nil)
+	_ policy.StagedReporter  = (*Backend)(nil)
 	_ dataplane.Compactor    = (*Backend)(nil)
 	_ dataplane.KernelTables = (*Backend)(nil)
 )
@@ -32,6 +33,8 @@ type Backend struct {
 	// holds them, and target is the rendering they lead to.
 	applied *Rendered
 	target  *Rendered
+	// staged is when each outcome chain of staged policies was written (see staged.go).
+	staged stagedRecord
 }
 
 // New returns a backend for one iptables variant after checking that its commands and ipset
@@ -89,7 +92,9 @@ func Dump(r *Rendered) string {
 }
 
 // SetDropLog implements policy.DropLogger. The next sync renders every chain anew.
-func (b *Backend) SetDropLog(l *policy.DropLog) { b.renderer = Renderer{log: l} }
+func (b *Backend) SetDropLog(l *policy.DropLog) {
+	b.renderer = Renderer{log: l, stagedLog: b.renderer.stagedLog}
+}
 
 // Sync implements policy.Backend.
 func (b *Backend) Sync(ctx context.Context, rs *policy.Ruleset) (dataplane.SyncResult, error) {
@@ -142,6 +147,11 @@ func (b *Backend) sync(ctx context.Context, want *Rendered) (dataplane.SyncResul
 	}
 	err := b.applyPlan(ctx, p, kernel)
 	if err == nil {
+		b.staged.begin()
+		for fam, c := range p.chains {
+			b.staged.written(fam, append(slices.Clip(c.write), editedChains(c.edits)...), false)
+			b.staged.gone(fam, c.gone)
+		}
 		b.applied, b.target = kernel, want
 		return dataplane.SyncResult{Operations: p.operations(), Size: want.size()}, nil
 	}
@@ -197,6 +207,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 		return res, want.err
 	}
 	b.applied = nil
+	b.staged.begin()
 	existing, err := xtables.IPSetNames(ctx)
 	if err != nil {
 		return res, fmt.Errorf("listing ipsets: %w", err)
@@ -244,6 +255,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 		if err := b.run.Restore(ctx, f, in); err != nil {
 			return res, fmt.Errorf("iptables full sync: %w", err)
 		}
+		b.staged.written(fam, names, true)
 		for _, n := range names {
 			res.Operations += 1 + len(want.Chains[fam][n])
 		}

@@ -11,6 +11,7 @@ import (
 // and then our sets.
 func (b *Backend) Cleanup(ctx context.Context) error {
 	b.applied, b.target = nil, nil
+	b.staged.reset()
 	if err := CleanupRules(ctx, b.run); err != nil {
 		return err
 	}

@@ -81,6 +81,7 @@ func sortLeaves(leaves []dispatchLeaf) {
 // starts at, per family.
 type dispatched struct {
 	used, usedAdmin, usedBaseline map[string][2]bool
+	groupDirs                     map[string]policy.Direction // of the NetworkPolicy groups
 	tierDirs                      map[policy.TierName]map[string]policy.Direction
 	entry                         map[policy.Direction][2]string
 }
@@ -91,8 +92,9 @@ type dispatched struct {
 func (r *Rendered) dispatch(rs *policy.Ruleset) dispatched {
 	d := dispatched{
 		used: map[string][2]bool{}, usedAdmin: map[string][2]bool{}, usedBaseline: map[string][2]bool{},
-		tierDirs: map[policy.TierName]map[string]policy.Direction{policy.AdminTier: {}, policy.BaselineTier: {}},
-		entry:    map[policy.Direction][2]string{},
+		groupDirs: map[string]policy.Direction{},
+		tierDirs:  map[policy.TierName]map[string]policy.Direction{policy.AdminTier: {}, policy.BaselineTier: {}},
+		entry:     map[policy.Direction][2]string{},
 	}
 	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
 		kind, flag := "I", "-d"
@@ -104,6 +106,7 @@ func (r *Rendered) dispatch(rs *policy.Ruleset) dispatched {
 			fam := famOf(ip)
 			leaves[fam] = append(leaves[fam], dispatchLeaf{ip: ip, chain: r.name(groupChain(grp), grp)})
 			markUsed(d.used, grp, fam)
+			d.groupDirs[grp] = dir
 		}
 		// The Baseline tier judges only pods that NetworkPolicy does not isolate, so its
 		// groups share the NetworkPolicy tree: an address leads to one or the other.
@@ -141,8 +144,9 @@ func (r *Rendered) dispatch(rs *policy.Ruleset) dispatched {
 var ndTypes = []int{133, 134, 135, 136, 137} // router solicit/advert, neighbor solicit/advert, redirect
 
 // hookChains writes, per family, the chains the built-in chains jump to; entry holds where
-// each direction's judgement starts.
-func (r *Rendered) hookChains(entry map[policy.Direction][2]string) {
+// each direction's judgement starts. With staged policies, a new connection a direction allows
+// is judged again after it (see staged.go).
+func (r *Rendered) hookChains(entry map[policy.Direction][2]string, staged bool) {
 	for fam := range r.Chains {
 		prelude := []string{"-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"}
 		if fam == v6 {
@@ -152,8 +156,14 @@ func (r *Rendered) hookChains(entry map[policy.Direction][2]string) {
 		}
 		// Egress is judged on every packet from a pod, forwarded or delivered to the node;
 		// the filter table sees it after DNAT, so a Service address is already its endpoint.
-		egress, ingress := entry[policy.Egress][fam], entry[policy.Ingress][fam]
-		r.Chains[fam][chainForward] = append(slices.Clip(prelude), "-j "+egress, "-j "+ingress)
-		r.Chains[fam][chainInput] = append(slices.Clip(prelude), "-j "+egress)
+		judge := func(dir policy.Direction) []string {
+			rules := []string{"-j " + entry[dir][fam]}
+			if staged {
+				rules = append(rules, "-m conntrack --ctstate NEW -j "+stagedRoot(afterAccept, dir))
+			}
+			return rules
+		}
+		r.Chains[fam][chainForward] = slices.Concat(prelude, judge(policy.Egress), judge(policy.Ingress))
+		r.Chains[fam][chainInput] = slices.Concat(prelude, judge(policy.Egress))
 	}
 }

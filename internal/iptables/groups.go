@@ -54,7 +54,7 @@ func (rd *Renderer) tierGroups(r *Rendered, rs *policy.Ruleset, tier policy.Tier
 					continue
 				}
 				lines, err := cachedLines(rd.cur.cluster, rd.prev.cluster, cp, func() ([2][]string, error) {
-					return clusterPolicyLines(p, cp, rd.log != nil)
+					return clusterPolicyLines(p, cp, rd.log != nil, rd.staged)
 				})
 				if err != nil {
 					r.fail(err)
@@ -95,7 +95,7 @@ func (rd *Renderer) dropChains(r *Rendered, fam int, rs *policy.Ruleset, policie
 			id := policy.ClusterRuleDropID(p, rule.Index)
 			chain := r.name(dropChain(id), id)
 			if _, done := r.Chains[fam][chain]; !done {
-				r.Chains[fam][chain] = []string{logLine(rd.log, id), "-j DROP"}
+				r.Chains[fam][chain] = []string{logLine(rd.log, id), dropTarget(rd.staged, cp.Direction)}
 			}
 		}
 	}
@@ -103,7 +103,7 @@ func (rd *Renderer) dropChains(r *Rendered, fam int, rs *policy.Ruleset, policie
 
 // groupChains writes the NetworkPolicy group chains, for the families used says their pods
 // are in: each holds its policies' rules, then drops (after logging, with drop logging on).
-func (rd *Renderer) groupChains(r *Rendered, rs *policy.Ruleset, used map[string][2]bool) {
+func (rd *Renderer) groupChains(r *Rendered, rs *policy.Ruleset, used map[string][2]bool, dirs map[string]policy.Direction) {
 	for _, name := range slices.Sorted(maps.Keys(rs.Groups)) {
 		g := rs.Groups[name]
 		for fam := range r.Chains {
@@ -123,7 +123,7 @@ func (rd *Renderer) groupChains(r *Rendered, rs *policy.Ruleset, used map[string
 			if rd.log != nil {
 				rules = append(rules, logLine(rd.log, policy.GroupDropID(name)))
 			}
-			r.Chains[fam][chain] = append(rules, "-j DROP")
+			r.Chains[fam][chain] = append(rules, dropTarget(rd.staged, dirs[name]))
 			r.GroupPolicies[chain] = g.Policies
 		}
 	}

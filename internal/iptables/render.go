@@ -35,6 +35,10 @@
 // Baseline tier is judged only for pods that NetworkPolicy leaves alone. When a Ruleset has no
 // tiers the layout is exactly the first one.
 //
+// With staged policies (policy.Ruleset.Staged), new connections are judged a second time, as
+// the staged policies would, after each direction's verdict; see staged.go for those chains.
+// Without staged policies not one rule differs.
+//
 // Dispatch is a tree of address compares rather than a rule per group with an ipset lookup:
 // both are bounded by the node's pods, but a compare costs far less than a set lookup, and the
 // two-level tree crosses a few dozen of them per direction at most.
@@ -131,6 +135,11 @@ type Renderer struct {
 	prev, cur renderCache
 	// log, when set, adds a rate-limited NFLOG rule before every drop the policies make.
 	log *policy.DropLog
+	// stagedLog, when set, adds one before every staged difference recorded (see staged.go).
+	stagedLog *policy.DropLog
+	// staged is whether the last render had staged policies: the drops of the cached rule
+	// lines differ with them (see dropTarget).
+	staged bool
 }
 
 type renderCache struct {
@@ -156,16 +165,25 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	if rd.prev.addrSets == nil {
 		rd.prev = newRenderCache()
 	}
-	rs, skipped := policy.FailClosed(rs, policyChecker(rs))
+	if staged := rs.Staged != nil; staged != rd.staged {
+		// Rule lines rendered with the other kind of drop are of no use.
+		rd.prev.policies, rd.prev.cluster = map[*policy.PolicyRules][2][]string{}, map[*policy.ClusterPolicyRules][2][]string{}
+		rd.staged = staged
+	}
+	filtered, skipped := policy.FailClosed(rs, policyChecker(rs))
+	rs = withStagedSets(rs, filtered)
 	r := &Rendered{Sets: map[string]*ipset{}, Sources: map[string]string{}, GroupPolicies: map[string][]string{}, Skipped: skipped}
 	for fam := range r.Chains {
 		r.Chains[fam] = map[string][]string{}
 	}
 	d := r.dispatch(rs)
-	r.hookChains(d.entry)
-	rd.groupChains(r, rs, d.used)
+	r.hookChains(d.entry, rs.Staged != nil)
+	rd.groupChains(r, rs, d.used, d.groupDirs)
 	rd.tierGroups(r, rs, policy.AdminTier, d.usedAdmin, d.tierDirs[policy.AdminTier])
 	rd.tierGroups(r, rs, policy.BaselineTier, d.usedBaseline, d.tierDirs[policy.BaselineTier])
+	if rs.Staged != nil {
+		rd.stagedChains(r, rs)
+	}
 	rd.renderSets(r, rs)
 	r.checkNameLengths()
 	return r

@@ -23,8 +23,9 @@ func policyLines(p *policy.PolicyRules) [2][]string {
 // allowed), Deny drops (or, with drop logging, goes to the rule's chain that logs and drops,
 // so a packet the rule does not match costs what it did), and Pass goes on with the
 // NetworkPolicy stage in the Admin tier and returns (allows) in the Baseline tier. chain is
-// the policy's key in the Ruleset.
-func clusterPolicyLines(chain string, p *policy.ClusterPolicyRules, logDrops bool) ([2][]string, error) {
+// the policy's key in the Ruleset. With staged policies a drop goes to the after-drop
+// judgement instead (see dropTarget).
+func clusterPolicyLines(chain string, p *policy.ClusterPolicyRules, logDrops, staged bool) ([2][]string, error) {
 	var out [2][]string
 	for i, rule := range p.Rules {
 		var target string
@@ -32,7 +33,7 @@ func clusterPolicyLines(chain string, p *policy.ClusterPolicyRules, logDrops boo
 		case policy.Accept:
 			target = "-j RETURN"
 		case policy.Deny:
-			target = "-j DROP"
+			target = dropTarget(staged, p.Direction)
 			if logDrops {
 				target = "-g " + dropChain(policy.ClusterRuleDropID(chain, rule.Index))
 			}

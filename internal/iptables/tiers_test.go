@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
+	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -34,6 +35,12 @@ func (p packet) String() string { return fmt.Sprintf("%s -> %s %s/%d", p.src, p.
 // missing chain or set, or a set of the other family, fails the test.
 func evalChains(t *testing.T, r *Rendered, start string, p packet) (allowed bool, crossed int) {
 	t.Helper()
+	return evalChainsTrace(t, r, start, p, nil)
+}
+
+// evalChainsTrace is evalChains calling visit, when set, with every chain the packet enters.
+func evalChainsTrace(t *testing.T, r *Rendered, start string, p packet, visit func(chain string)) (allowed bool, crossed int) {
+	t.Helper()
 	fam := famOf(p.src)
 	chains := r.Chains[fam]
 	type frame struct {
@@ -49,6 +56,9 @@ func evalChains(t *testing.T, r *Rendered, start string, p packet) (allowed bool
 		rules, ok := chains[cur.chain]
 		if !ok {
 			t.Fatalf("%s: chain %s does not exist", p, cur.chain)
+		}
+		if visit != nil && cur.pos == 0 {
+			visit(cur.chain)
 		}
 		if cur.pos >= len(rules) {
 			if len(stack) == 0 {
@@ -108,8 +118,16 @@ func matchRule(t *testing.T, r *Rendered, fam int, rule string, p packet) (verb,
 			i += 2
 		case "-m":
 			switch mod := f[i+1]; mod {
-			case "conntrack": // -m conntrack --ctstate RELATED,ESTABLISHED: a new connection is not
-				match = false
+			case "conntrack": // -m conntrack [!] --ctstate STATES: a new connection is NEW
+				not := f[i+2] == "!"
+				if not {
+					i++
+				}
+				if f[i+2] != "--ctstate" {
+					bad()
+				}
+				isNew := slices.Contains(strings.Split(f[i+3], ","), "NEW")
+				match = match && isNew != not
 				i += 4
 			case "icmp6":
 				match = false // -p ipv6-icmp already failed for our packets
@@ -914,6 +932,12 @@ func TestDeferredAdminTree(t *testing.T) {
 // peer and port the compiler knows, over a state from stateWithPods (as the nftables backend's
 // test does), plus a rule of a protocol the compiler does not know.
 func compiledTiers(n int, adminPriority int32) *policy.Ruleset {
+	rs, _ := policy.Compile(compiledTiersState(n, adminPriority), "n1")
+	return rs
+}
+
+// compiledTiersState is the cluster state of compiledTiers.
+func compiledTiersState(n int, adminPriority int32) *cluster.State {
 	st := stateWithPods(n)
 	st.Nodes["n2"] = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.2"}, {Type: corev1.NodeInternalIP, Address: "2001:db8::2"}}}}
@@ -950,8 +974,7 @@ func compiledTiers(n int, adminPriority int32) *policy.Ruleset {
 	st.Pods["a/other"] = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "other"},
 		Spec:   corev1.PodSpec{NodeName: "n1"},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.200"}, {IP: "fd00::200"}}}}
-	rs, _ := policy.Compile(st, "n1")
-	return rs
+	return st
 }
 
 // TestCompiledTiersJudgeAsExplain: what the compiler makes of real ClusterNetworkPolicies,
