@@ -92,7 +92,9 @@ func newPolicyCounterCollector(a *Agent, pc policy.PolicyCounters) *ruleCounterC
 	c := newRuleCounterCollector[policy.RuleCounter](a, prometheus.NewDesc("netwarden_policy_packets_total",
 		"Packets the rules of each policy decided (the first of each connection; later ones are accepted as established before any policy), by kind (NetworkPolicy or ClusterNetworkPolicy), namespace, policy, direction and verdict. A drop for want of an admitting NetworkPolicy rule names every policy isolating the pod. --policy-counters.",
 		[]string{"kind", "namespace", "policy", "direction", "verdict"}, nil), "policy counters")
-	c.read = func(ctx context.Context, _ *policy.Ruleset) ([]policy.RuleCounter, error) { return pc.ReadCounters(ctx) }
+	c.read = func(ctx context.Context, _ *policy.Ruleset) ([]policy.RuleCounter, error) {
+		return pc.ReadCounters(ctx)
+	}
 	c.rule = func(r policy.RuleCounter) (string, uint64) { return r.Rule, r.Packets }
 	c.labels = func(rs *policy.Ruleset, r policy.RuleCounter) [][]string {
 		if l, ok := counterLabels(rs, r); ok {

@@ -170,8 +170,7 @@ func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 		rd.prev.policies, rd.prev.cluster = map[*policy.PolicyRules][2][]string{}, map[*policy.ClusterPolicyRules][2][]string{}
 		rd.staged = staged
 	}
-	filtered, skipped := policy.FailClosed(rs, policyChecker(rs))
-	rs = withStagedSets(rs, filtered)
+	rs, skipped := policy.FailClosed(rs, policyChecker(rs))
 	r := &Rendered{Sets: map[string]*ipset{}, Sources: map[string]string{}, GroupPolicies: map[string][]string{}, Skipped: skipped}
 	for fam := range r.Chains {
 		r.Chains[fam] = map[string][]string{}

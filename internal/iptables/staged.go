@@ -258,36 +258,6 @@ func (rd *Renderer) outcomeChain(r *Rendered, fam int, outcome, cause string) {
 	r.Chains[fam][chain] = append(rules, final)
 }
 
-// withStagedSets returns filtered (what policy.FailClosed left of rs) with the sets the staged
-// judges name put back: FailClosed keeps only the sets the remaining policies name.
-func withStagedSets(rs, filtered *policy.Ruleset) *policy.Ruleset {
-	if rs == filtered || rs.Staged == nil {
-		return filtered
-	}
-	out := *filtered
-	out.AddrSets, out.CIDRSets, out.NamedPortSets = maps.Clone(out.AddrSets), maps.Clone(out.CIDRSets), maps.Clone(out.NamedPortSets)
-	for _, j := range rs.Staged.Judges {
-		for _, seg := range j.Segments {
-			for _, rule := range seg.Rules {
-				for _, p := range rule.Peers {
-					if s, ok := rs.AddrSets[p.AddrSet]; ok {
-						out.AddrSets[p.AddrSet] = s
-					}
-					if s, ok := rs.CIDRSets[p.CIDRSet]; ok {
-						out.CIDRSets[p.CIDRSet] = s
-					}
-				}
-				for _, pm := range rule.Ports {
-					if s, ok := rs.NamedPortSets[pm.NamedPortSet]; ok {
-						out.NamedPortSets[pm.NamedPortSet] = s
-					}
-				}
-			}
-		}
-	}
-	return &out
-}
-
 // stagedRecord remembers when each outcome chain was last written, per family: a chain
 // written anew (a full sync rewrites every chain) starts counting again at zero, so its
 // counter is a new one (policy.StagedCounter.Rule). ReadStagedCounters reads it while a sync
