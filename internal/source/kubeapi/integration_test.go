@@ -270,6 +270,30 @@ func TestIntegrationSource(t *testing.T) {
 	}
 	step("stripped-field updates: no object changed, Revision moved")
 
+	// The pods no policy judges are never sent (PodFieldSelector): one of the node's network,
+	// and one that finishes, which leaves the snapshot when it does.
+	change("a job pod starts, and a pod of the node's network", func() {
+		createPod(ctx, t, c, "shop", "job", map[string]string{"app": "job"}, "10.244.1.9")
+		host, err := c.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "host", Namespace: "shop", Labels: map[string]string{"app": "web"}},
+			Spec: corev1.PodSpec{NodeName: "node-1", HostNetwork: true,
+				Containers: []corev1.Container{{Name: "main", Image: "registry.example/agent:1"}}},
+		}, metav1.CreateOptions{})
+		must(t, err)
+		_, err = kubetest.SetPodRunning(ctx, c, host, "192.0.2.11")
+		must(t, err)
+	}, func(st *cluster.State) bool { return st.Pods["shop/job"] != nil })
+	if st := src.Snapshot(); st.Pods["shop/host"] != nil {
+		t.Error("the pod of the node's network is in the snapshot")
+	}
+	change("the job pod finishes", func() {
+		job, err := c.CoreV1().Pods("shop").Get(ctx, "job", metav1.GetOptions{})
+		must(t, err)
+		job.Status.Phase = corev1.PodSucceeded
+		_, err = c.CoreV1().Pods("shop").UpdateStatus(ctx, job, metav1.UpdateOptions{})
+		must(t, err)
+	}, func(st *cluster.State) bool { return st.Pods["shop/job"] == nil })
+
 	// The API server restarts; the source catches up with the changes made after it is back.
 	srv.Restart(t)
 	step("API server restarted (startup %v)", srv.StartupTime.Round(time.Millisecond))

@@ -34,9 +34,10 @@ import (
 // Nodes, and, when given a client for them (WithClusterNetworkPolicies), ClusterNetworkPolicies
 // while their CRD is served.
 type Source struct {
-	logger    *slog.Logger
-	factory   informers.SharedInformerFactory
-	informers []namedInformer
+	logger *slog.Logger
+	// factory and podFactory hold the informers; pods are listed with a field selector.
+	factory, podFactory informers.SharedInformerFactory
+	informers           []namedInformer
 	// cnp watches ClusterNetworkPolicies; nil when the Source has no client for them.
 	cnp *cnpWatcher
 
@@ -110,6 +111,13 @@ func handler[T any, PT interface {
 	}
 }
 
+// PodFieldSelector is what the Source asks of pods: those a policy can select or name. A pod
+// of the node's network (hostNetwork) has the node's addresses, and a finished one (Succeeded,
+// Failed) has given its address up; the agent judges neither, so the API server sends neither,
+// and a pod that finishes is deleted from the watch. At 150,000 pods every node's agent
+// receives each such pod's changes otherwise.
+const PodFieldSelector = "spec.hostNetwork=false,status.phase!=Succeeded,status.phase!=Failed"
+
 var (
 	_ cluster.Source     = (*Source)(nil)
 	_ cluster.NodeLister = (*Source)(nil)
@@ -125,11 +133,15 @@ func New(client kubernetes.Interface, logger *slog.Logger, opts ...Option) *Sour
 		opt(&o)
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Transform))
-	s := &Source{logger: logger, factory: factory, objects: cluster.NewTracker()}
+	// Pods through a factory of their own, which asks the API server only for the pods a
+	// policy can select or name (PodFieldSelector): the others are never sent.
+	podFactory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Transform),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = PodFieldSelector }))
+	s := &Source{logger: logger, factory: factory, podFactory: podFactory, objects: cluster.NewTracker()}
 	s.informers = []namedInformer{
 		{"namespaces", factory.Core().V1().Namespaces().Informer(),
 			handler(s, "Namespace", "namespaces", cluster.ValidateNamespace, s.objects.SetNamespace), nil},
-		{"pods", factory.Core().V1().Pods().Informer(),
+		{"pods", podFactory.Core().V1().Pods().Informer(),
 			handler(s, "Pod", "pods", cluster.ValidatePod, s.objects.SetPod), nil},
 		{"networkpolicies", factory.Networking().V1().NetworkPolicies().Informer(),
 			handler(s, "NetworkPolicy", "networkpolicies", cluster.ValidateNetworkPolicy, s.objects.SetPolicy), nil},
@@ -222,6 +234,8 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 
 	s.factory.Start(ctx.Done())
 	defer s.factory.Shutdown()
+	s.podFactory.Start(ctx.Done())
+	defer s.podFactory.Shutdown()
 	if s.cnp != nil {
 		done := make(chan struct{})
 		go func() {

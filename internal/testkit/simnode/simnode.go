@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,6 +52,8 @@ type Sim struct {
 	exited  chan struct{}
 	waitErr error
 	closers []io.Closer
+	// forwardedDown and forwardedUp count the bytes ForwardFromNode carried (ForwardedBytes).
+	forwardedDown, forwardedUp atomic.Int64
 }
 
 // New creates the test bed and an empty manifests directory.
@@ -144,13 +147,29 @@ func (s *Sim) ForwardFromNode(addr string) error {
 				}
 				defer out.Close()
 				done := make(chan struct{}, 2)
-				go func() { io.Copy(out, in); done <- struct{}{} }()
-				go func() { io.Copy(in, out); done <- struct{}{} }()
+				go func() { n, _ := io.Copy(out, in); s.forwardedUp.Add(n); done <- struct{}{} }()
+				go func() { io.Copy(countingWriter{in, &s.forwardedDown}, out); done <- struct{}{} }()
 				<-done
 			}()
 		}
 	}()
 	return nil
+}
+
+// ForwardedBytes returns how many bytes ForwardFromNode carried from the server to the node
+// (counted as they are written: what the agent received) and from the node to the server (counted
+// once each connection closes), TLS and all.
+func (s *Sim) ForwardedBytes() (down, up int64) { return s.forwardedDown.Load(), s.forwardedUp.Load() }
+
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // Nft runs nft inside the node netns.
