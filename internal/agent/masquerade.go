@@ -3,9 +3,11 @@ package agent
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -43,6 +45,14 @@ type masqLoop struct {
 	// warnedNoSources avoids repeating the same warning on every Node event.
 	warnedNoSources bool
 	metrics         *masqMetrics
+	// memo is the last desired state computed, with what it was computed from: the loop runs
+	// on every event of the source, mostly pod events, and at 5,000 Nodes a computation costs
+	// milliseconds. The source hands out the same Nodes map until a Node changes.
+	memo struct {
+		nodes unsafe.Pointer // the map's identity
+		sum   string         // the config content's
+		d     *masquerade.Desired
+	}
 }
 
 type masqMetrics struct {
@@ -117,7 +127,11 @@ func (l *masqLoop) desired() (*masquerade.Desired, masqInputs, error) {
 	} else {
 		l.warnedNoSources = false
 	}
-	return masquerade.Compute(cs.Config, l.cfg.Options, nodes, l.a.cfg.NodeName), in, nil
+	if id := reflect.ValueOf(nodes).UnsafePointer(); l.memo.d == nil || l.memo.nodes != id || l.memo.sum != cs.Sum {
+		l.memo.nodes, l.memo.sum = id, cs.Sum
+		l.memo.d = masquerade.Compute(cs.Config, l.cfg.Options, nodes, l.a.cfg.NodeName)
+	}
+	return l.memo.d, in, nil
 }
 
 // applied records that the kernel holds the masquerade rules computed from in (or, with err,
