@@ -266,6 +266,9 @@ func BenchmarkKubernetesLimits(b *testing.B) {
 		b.ReportMetric(float64(startDown)/(1<<20), "start-received-MiB")
 		time.Sleep(5 * time.Second) // the first sync's garbage collected
 		rss, hwm, _ := agentProc(b, sim.AgentPID())
+		if path := os.Getenv("NETWARDEN_SCALE_PROFILE"); path != "" {
+			fetchProfile(b, sim, "heap", path+".heap")
+		}
 		b.ReportMetric(float64(rss)/1024, "rss-MiB")
 		b.ReportMetric(float64(hwm)/1024, "peak-rss-MiB")
 
@@ -323,23 +326,9 @@ func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simno
 
 	if path := os.Getenv("NETWARDEN_SCALE_PROFILE"); path != "" {
 		// The agent's CPU profile of 30 s of the churn, for `go tool pprof`.
-		go func() {
-			hc := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "unix", sim.StatusSocket())
-			}}}
-			resp, err := hc.Get("http://agent/debug/pprof/profile?seconds=30")
-			if err != nil {
-				b.Logf("profile: %v", err)
-				return
-			}
-			defer resp.Body.Close()
-			data, _ := io.ReadAll(resp.Body)
-			if err := os.WriteFile(path, data, 0o644); err != nil {
-				b.Logf("profile: %v", err)
-			}
-		}()
+		go fetchProfile(b, sim, "profile?seconds=30", path)
 	}
+	logFrom := len(sim.Log())
 	pid := sim.AgentPID()
 	_, _, cpu0 := agentProc(b, pid)
 	down0, _ := sim.ForwardedBytes()
@@ -428,11 +417,54 @@ func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simno
 	b.ReportMetric(ms(latencies[len(latencies)/2]), "change-to-kernel-p50-ms")
 	b.ReportMetric(ms(latencies[len(latencies)*99/100]), "change-to-kernel-p99-ms")
 	b.ReportMetric((cpu1 - cpu0).Seconds()/wall.Seconds(), "churn-cpu-cores")
+	// The agent's own share, from the event reaching it to the end of the sync (its synced
+	// lines): what remains of the latency is the API server's and the watch's.
+	steps := map[string][]time.Duration{}
+	for line := range strings.Lines(sim.Log()[logFrom:]) {
+		if !strings.Contains(line, "msg=synced") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if k, v, ok := strings.Cut(f, "="); ok && (k == "sinceEvent" || k == "compile" || k == "apply") {
+				if d, err := time.ParseDuration(v); err == nil {
+					steps[k] = append(steps[k], d)
+				}
+			}
+		}
+	}
+	for _, k := range []string{"sinceEvent", "compile", "apply"} {
+		if d := steps[k]; len(d) > 0 {
+			slices.Sort(d)
+			b.ReportMetric(ms(d[len(d)/2]), "agent-"+k+"-p50-ms")
+			if k == "sinceEvent" {
+				b.ReportMetric(ms(d[len(d)*99/100]), "agent-"+k+"-p99-ms")
+				b.ReportMetric(float64(len(d))/wall.Seconds(), "syncs/s")
+			}
+		}
+	}
 	b.ReportMetric(float64(down1-down0)/float64(changes), "received-bytes/change")
 	b.ReportMetric(float64(neededTotal)/float64(changes), "needed-bytes/change")
 	rss, hwm, _ := agentProc(b, pid)
 	b.ReportMetric(float64(rss)/1024, "churn-rss-MiB")
 	b.ReportMetric(float64(hwm)/1024, "churn-peak-rss-MiB")
+}
+
+// fetchProfile saves the agent's pprof profile (a path under /debug/pprof/) to file.
+func fetchProfile(b *testing.B, sim *simnode.Sim, profile, file string) {
+	hc := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sim.StatusSocket())
+	}}}
+	resp, err := hc.Get("http://agent/debug/pprof/" + profile)
+	if err != nil {
+		b.Logf("profile %s: %v", profile, err)
+		return
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		b.Logf("profile %s: %v", profile, err)
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
