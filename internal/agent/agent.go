@@ -435,12 +435,11 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 		return err
 	}
 	applied := time.Now()
-	narrowed, err := a.afterSync(ctx, cst, rs, res)
-	if err != nil {
+	if err := a.afterSync(ctx, cst, rs); err != nil {
 		return err
 	}
 	a.inSync = true
-	a.applied.Store(rs)
+	prev := a.applied.Swap(rs)
 	a.metrics.observeSync(a.np.Backend.Name(), res, stats, start, seen)
 	a.skipped.report(a.log, a.np.Backend.Name(), res.Skipped)
 	attrs := []any{"backend", a.np.Backend.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
@@ -459,7 +458,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	a.kernelWritten()
 	// After the log line, so that whoever sees the status can read the line too.
 	a.policyApplied(st, &res)
-	a.flows.submit(rs, st.Generation, res.Operations > 0 || res.Full, narrowed)
+	a.flows.submit(rs, st.Generation, res.Operations > 0 || res.Full, a.narrowed(prev, rs, res))
 	return nil
 }
 
