@@ -214,8 +214,10 @@ func (a *Agent) waitSynced(ctx context.Context, srcErr <-chan error) error {
 	return nil
 }
 
-// policyApplied records that the kernel holds the NetworkPolicy rules of st.
-func (a *Agent) policyApplied(st *cluster.State) {
+// policyApplied records that the kernel holds the NetworkPolicy rules of st, and which policies
+// the backend skipped in them (res, nil when they did not change). One update of the status,
+// so that a reader waiting for the change is woken once, by the change it waits for.
+func (a *Agent) policyApplied(st *cluster.State, res *dataplane.SyncResult) {
 	pending := false
 	if c, ok := a.np.Backend.(dataplane.Compactor); ok {
 		pending = c.CompactionPending()
@@ -223,6 +225,9 @@ func (a *Agent) policyApplied(st *cluster.State) {
 	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) {
 		fs.Generation, fs.Revision, fs.AppliedAt, fs.LastError = st.Generation, st.Revision, time.Now(), ""
 		fs.CompactionPending = pending
+		if res != nil {
+			fs.Skipped = res.Skipped
+		}
 	})
 	a.metrics.appliedGeneration.WithLabelValues("network-policy").Set(float64(st.Generation))
 }
@@ -265,13 +270,12 @@ func (a *Agent) policyOnce(ctx context.Context) error {
 		return err
 	}
 	a.skipped.report(a.log, a.np.Backend.Name(), res.Skipped)
-	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) { fs.Skipped = res.Skipped })
 	a.log.Info("synced", "backend", a.np.Backend.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", time.Since(compiled).Round(time.Microsecond),
 		"localPods", stats.LocalPods, "isolatedPods", stats.IsolatedPods, "policies", stats.PoliciesSelecting,
 		"clusterPolicies", stats.ClusterPoliciesSelecting, "staged", stats.Staged)
 	a.applied.Store(rs)
-	a.policyApplied(st)
+	a.policyApplied(st, &res)
 	retire(ctx, a.log, a.policy.name, a.np.RetireOthers)
 	return nil
 }
@@ -412,7 +416,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 		// A snapshot that moved only the source's Revision needs no compile and no kernel
 		// transaction: the rules in the kernel stand for it as they are.
 		a.unchangedSync()
-		a.policyApplied(st)
+		a.policyApplied(st, nil)
 		a.flows.submit(a.applied.Load(), st.Generation, false, false)
 		a.log.Debug("no change", "backend", a.np.Backend.Name(), "generation", st.Generation, "objectsChanged", false)
 		return nil
@@ -431,15 +435,13 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 		return err
 	}
 	applied := time.Now()
-	narrowed, err := a.afterSync(ctx, cst, rs, res)
-	if err != nil {
+	if err := a.afterSync(ctx, cst, rs); err != nil {
 		return err
 	}
 	a.inSync = true
-	a.applied.Store(rs)
+	prev := a.applied.Swap(rs)
 	a.metrics.observeSync(a.np.Backend.Name(), res, stats, start, seen)
 	a.skipped.report(a.log, a.np.Backend.Name(), res.Skipped)
-	a.status.update(&a.status.policy, func(fs *statusapi.FeatureStatus) { fs.Skipped = res.Skipped })
 	attrs := []any{"backend", a.np.Backend.Name(), "generation", st.Generation, "full", res.Full, "operations", res.Operations,
 		"compile", compiled.Sub(start).Round(time.Microsecond), "apply", applied.Sub(compiled).Round(time.Microsecond),
 		"guard", time.Since(applied).Round(time.Microsecond),
@@ -455,8 +457,8 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	// must not be taken for ours.
 	a.kernelWritten()
 	// After the log line, so that whoever sees the status can read the line too.
-	a.policyApplied(st)
-	a.flows.submit(rs, st.Generation, res.Operations > 0 || res.Full, narrowed)
+	a.policyApplied(st, &res)
+	a.flows.submit(rs, st.Generation, res.Operations > 0 || res.Full, a.narrowed(prev, rs, res))
 	return nil
 }
 

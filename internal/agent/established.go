@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"time"
 
@@ -111,6 +112,11 @@ func (j *flowJudge) run(ctx context.Context) {
 		j.need = false
 		j.mu.Unlock()
 		if due {
+			// The status change that made this pass due woke its readers (a long poll of
+			// /status) just before: let them run first. The walk is milliseconds of CPU, and on
+			// a small node it would otherwise hold back the answer that the kernel holds the
+			// change, which does not wait for the walk.
+			runtime.Gosched()
 			marked, err := j.judge(rs)
 			if err != nil {
 				j.mu.Lock()

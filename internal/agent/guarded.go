@@ -34,26 +34,35 @@ func (a *Agent) unchangedSync() {
 }
 
 // afterSync runs once the backend holds rs, compiled from st: the guard learns which local
-// pods have verdicts now, and the gate answers the pods that waited for theirs. It reports
-// whether some verdict may have gone from allow to deny, for the flow judge, which re-judges
-// established flows after the loop moves on (a new pod has no flows to judge, and its start
-// should not wait for a conntrack walk). A failure fails the sync, so it is retried whole.
-func (a *Agent) afterSync(ctx context.Context, st *cluster.State, rs *policy.Ruleset, res dataplane.SyncResult) (narrowed bool, err error) {
+// pods have verdicts now, and the gate answers the pods that waited for theirs. A failure fails
+// the sync, so it is retried whole.
+func (a *Agent) afterSync(ctx context.Context, st *cluster.State, rs *policy.Ruleset) error {
 	if a.np.Guard == nil {
-		return false, nil
+		return nil
 	}
 	d := guard.Desired{DenyMark: a.np.DenyMark}
 	if a.gate != nil {
 		d.PodCIDRs, d.Known = a.gate.guardInputs(st, a.cfg.NodeName, a.log)
 	}
 	if err := a.np.Guard.Sync(ctx, d); err != nil {
-		return false, err
+		return err
 	}
 	if a.gate != nil {
 		a.gate.installed(true, d.Known, rs)
 	}
-	if res.Operations == 0 && !res.Full {
-		return false, nil // the rules did not change, nor did any verdict
+	return nil
+}
+
+// narrowed reports whether some verdict may have gone from allow to deny in a sync from prev
+// to rs with result res, for the flow judge, which re-judges established flows after the loop
+// moves on (a new pod has no flows to judge, and its start should not wait for a conntrack
+// walk). It is asked after the status says the kernel holds rs: nothing there waits for it.
+func (a *Agent) narrowed(prev, rs *policy.Ruleset, res dataplane.SyncResult) bool {
+	if a.np.Guard == nil {
+		return false
 	}
-	return res.Full || rs.Narrows(a.applied.Load()), nil
+	if res.Operations == 0 && !res.Full {
+		return false // the rules did not change, nor did any verdict
+	}
+	return res.Full || rs.Narrows(prev)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,7 +15,12 @@ import (
 	"testing"
 	"time"
 
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/dataplane"
+	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/statusapi"
 )
 
@@ -220,5 +226,58 @@ func TestStatusClient(t *testing.T) {
 	never := func(statusapi.Status) bool { return false }
 	if err := c.Wait(time.Now().Add(100*time.Millisecond), func() statusapi.Query { return q }, never, func() error { return nil }); !errors.As(err, &late) || late.Last.Version == 0 {
 		t.Fatalf("wait past its deadline: %v", err)
+	}
+}
+
+// skippingBackend is a NetworkPolicy backend that applies nothing and reports skip as the
+// policies it could not express.
+type skippingBackend struct{ skip []dataplane.Skipped }
+
+func (b *skippingBackend) Name() string { return "skipping" }
+func (b *skippingBackend) Sync(context.Context, *policy.Ruleset) (dataplane.SyncResult, error) {
+	return dataplane.SyncResult{Operations: 1, Skipped: b.skip}, nil
+}
+func (b *skippingBackend) FullSync(context.Context, *policy.Ruleset) (dataplane.SyncResult, error) {
+	return dataplane.SyncResult{Full: true, Operations: 1, Skipped: b.skip}, nil
+}
+func (b *skippingBackend) Verify(context.Context) error  { return nil }
+func (b *skippingBackend) Cleanup(context.Context) error { return nil }
+func (b *skippingBackend) Render(*policy.Ruleset) string { return "" }
+
+// TestSyncChangesStatusOnce checks that a sync tells the status what the kernel holds in one
+// change: the Generation and Revision applied with the policies skipped in them, never the
+// skipped list of a sync whose Generation is not there yet. A reader long-polling /status is
+// woken by the change it waits for, not by a half of it a moment before (each needless wake
+// costs the reader a round trip just as the answer it waits for is coming). Without a flow
+// guard, the established-flows Generation follows in a second change.
+func TestSyncChangesStatusOnce(t *testing.T) {
+	st := cluster.NewState()
+	st.Generation = 1
+	src := &runningSource{state: st}
+	be := &skippingBackend{skip: []dataplane.Skipped{{Policy: "a/one", Reason: "test"}}}
+	a := New(Config{NodeName: "n", Source: src, NetworkPolicy: &NetworkPolicy{Backend: be}, Logger: slog.New(slog.DiscardHandler)})
+	ctx := context.Background()
+	if err := a.syncOnce(ctx, true, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	p, _, v := a.status.get()
+	if p.Generation != 1 || len(p.Skipped) != 1 || p.Skipped[0].Policy != "a/one" {
+		t.Fatalf("after the first sync: %+v", p)
+	}
+
+	next := cluster.NewState()
+	next.Generation = 2
+	next.Policies["a/two"] = &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "two"}}
+	src.state = next
+	be.skip = []dataplane.Skipped{{Policy: "a/two", Reason: "test"}}
+	if err := a.syncOnce(ctx, false, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	p, _, v2 := a.status.get()
+	if p.Generation != 2 || len(p.Skipped) != 1 || p.Skipped[0].Policy != "a/two" || p.EstablishedGeneration != 2 {
+		t.Fatalf("after the second sync: %+v", p)
+	}
+	if v2-v != 2 {
+		t.Errorf("the sync changed the status %d times, want 2 (the rules applied, then established flows)", v2-v)
 	}
 }

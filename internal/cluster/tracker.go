@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -36,6 +37,24 @@ type Tracker struct {
 	// pendingFiles holds the file hashes set since cur.Revision.Files was last published;
 	// publishing makes a new FileHashes of them, which shares the bulk with the old.
 	pendingFiles map[string]string
+
+	// spare holds, per kind, a copy of cur's map made in the background after a snapshot
+	// shared it, so that the next change of that kind takes the copy instead of making it
+	// then: at thousands of objects the copy costs a change a few hundred microseconds. A
+	// spare is for the map of mapGen[kind] it was made of; a map replaced since leaves it
+	// unused.
+	spare  [5]spareMap
+	mapGen [5]uint64
+	// preparing is set while a goroutine makes spares; prepared is called after each of its
+	// runs (tests wait for it).
+	preparing bool
+	prepared  func()
+}
+
+// spareMap is a copy of the map of kind generation gen, made ahead of its next change.
+type spareMap struct {
+	gen uint64
+	m   any // map[string]*T of the kind
 }
 
 // Kinds of object a Tracker holds, indexing Tracker.dirty.
@@ -72,8 +91,15 @@ func put[T any](t *Tracker, mp *map[string]*T, kind int, key string, obj *T) {
 		return
 	}
 	if t.shared[kind] {
-		// maps.Clone copies the hash table as it is, several times faster than re-inserting.
-		m = maps.Clone(m)
+		if sp := t.spare[kind]; sp.m != nil && sp.gen == t.mapGen[kind] {
+			m = sp.m.(map[string]*T)
+		} else {
+			// maps.Clone copies the hash table as it is, several times faster than
+			// re-inserting.
+			m = maps.Clone(m)
+		}
+		t.spare[kind] = spareMap{}
+		t.mapGen[kind]++
 		*mp = m
 		t.shared[kind] = false
 	}
@@ -121,6 +147,8 @@ func (t *Tracker) ClearClusterPolicies() int {
 	// A new map rather than a cleared one: a snapshot may share the current one.
 	t.cur.ClusterPolicies = map[string]*npav1beta1.ClusterNetworkPolicy{}
 	t.shared[kindClusterPolicy] = false
+	t.spare[kindClusterPolicy] = spareMap{}
+	t.mapGen[kindClusterPolicy]++
 	return n
 }
 
@@ -227,7 +255,72 @@ func (t *Tracker) Snapshot() *State {
 		clear(d)
 	}
 	t.last = st
+	t.prepareSpares()
 	return st
+}
+
+// spareMin is the size from which a map gets a spare: copying a smaller one costs a change
+// less than the spare's upkeep.
+const spareMin = 256
+
+// spareDelay is how long after a snapshot its spares are made: after the sync it is for, as a
+// rule, rather than beside it.
+const spareDelay = 5 * time.Millisecond
+
+// prepareSpares has, unless it is already at it, a goroutine copy the shared maps without a
+// spare, after the work the snapshot is for rather than in the next change. The copies are
+// made of maps no one writes (a shared map is copied before any change), outside the lock.
+// Called with t.mu held.
+func (t *Tracker) prepareSpares() {
+	if t.preparing {
+		return
+	}
+	var jobs []func()
+	need := func(kind, n int) bool {
+		return t.shared[kind] && n >= spareMin && (t.spare[kind].m == nil || t.spare[kind].gen != t.mapGen[kind])
+	}
+	add := func(kind int, gen uint64, clone func() any) {
+		jobs = append(jobs, func() {
+			m := clone()
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			if t.mapGen[kind] == gen && t.shared[kind] {
+				t.spare[kind] = spareMap{gen: gen, m: m}
+			}
+		})
+	}
+	if ns := t.cur.Namespaces; need(kindNamespace, len(ns)) {
+		add(kindNamespace, t.mapGen[kindNamespace], func() any { return maps.Clone(ns) })
+	}
+	if pods := t.cur.Pods; need(kindPod, len(pods)) {
+		add(kindPod, t.mapGen[kindPod], func() any { return maps.Clone(pods) })
+	}
+	if nps := t.cur.Policies; need(kindPolicy, len(nps)) {
+		add(kindPolicy, t.mapGen[kindPolicy], func() any { return maps.Clone(nps) })
+	}
+	if nodes := t.cur.Nodes; need(kindNode, len(nodes)) {
+		add(kindNode, t.mapGen[kindNode], func() any { return maps.Clone(nodes) })
+	}
+	if cnps := t.cur.ClusterPolicies; need(kindClusterPolicy, len(cnps)) {
+		add(kindClusterPolicy, t.mapGen[kindClusterPolicy], func() any { return maps.Clone(cnps) })
+	}
+	if len(jobs) == 0 {
+		return
+	}
+	t.preparing = true
+	time.AfterFunc(spareDelay, func() {
+		for _, job := range jobs {
+			job()
+		}
+		t.mu.Lock()
+		t.preparing = false
+		done := t.prepared
+		t.prepareSpares() // for snapshots taken meanwhile
+		t.mu.Unlock()
+		if done != nil {
+			done()
+		}
+	})
 }
 
 // Nodes returns the current Nodes by name and the Revision they are current at; neither is

@@ -159,3 +159,85 @@ func TestTrackerClearClusterPolicies(t *testing.T) {
 		t.Errorf("a policy added after clearing: %v, the snapshot before it: %v", st.ClusterPolicies, after.ClusterPolicies)
 	}
 }
+
+// TestTrackerSpares checks the copies a Tracker makes of shared maps ahead of their next
+// change: a change takes the copy, which holds every object of the map it was made of, no
+// snapshot ever changes after it is handed out, and a copy of a map replaced since is not
+// used.
+func TestTrackerSpares(t *testing.T) {
+	tr := NewTracker()
+	prepared := make(chan struct{}, 100)
+	tr.prepared = func() { prepared <- struct{}{} }
+	wait := func() {
+		t.Helper()
+		for {
+			tr.mu.Lock()
+			busy := tr.preparing
+			tr.mu.Unlock()
+			if !busy {
+				return
+			}
+			<-prepared
+		}
+	}
+	pod := func(name string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name}}
+	}
+	for i := range spareMin + 10 {
+		tr.SetPod(Key("a", fmt.Sprint(i)), pod(fmt.Sprint(i)))
+	}
+	var snaps []*State
+	var frozen []map[string]*corev1.Pod
+	check := func(step int) {
+		t.Helper()
+		for i, st := range snaps {
+			if !maps.Equal(st.Pods, frozen[i]) {
+				t.Fatalf("step %d: snapshot %d changed after it was handed out", step, i)
+			}
+		}
+	}
+	for step := range 50 {
+		st := tr.Snapshot()
+		snaps, frozen = append(snaps, st), append(frozen, maps.Clone(st.Pods))
+		if step%3 != 2 {
+			wait() // the change below takes the spare; every third makes its own copy
+			tr.mu.Lock()
+			ready := tr.spare[kindPod].m != nil && tr.spare[kindPod].gen == tr.mapGen[kindPod]
+			tr.mu.Unlock()
+			if !ready {
+				t.Fatalf("step %d: no spare of the pods map after the snapshot", step)
+			}
+		}
+		name := fmt.Sprint(step % 7)
+		if step%2 == 0 {
+			tr.SetPod(Key("a", name), pod(name+"-new"))
+		} else {
+			tr.SetPod(Key("a", name), nil)
+		}
+		want := maps.Clone(st.Pods)
+		if step%2 == 0 {
+			want[Key("a", name)] = tr.cur.Pods[Key("a", name)]
+		} else {
+			delete(want, Key("a", name))
+		}
+		if !maps.Equal(tr.cur.Pods, want) {
+			t.Fatalf("step %d: the pods after the change differ from the snapshot's with the change", step)
+		}
+		check(step)
+	}
+	wait()
+	// A spare of a map that was replaced since is left unused.
+	st := tr.Snapshot()
+	wait()
+	tr.SetPod(Key("a", "x"), pod("x")) // takes the spare
+	stale := tr.spare[kindPod]
+	tr.mu.Lock()
+	tr.spare[kindPod] = spareMap{gen: tr.mapGen[kindPod] - 1, m: map[string]*corev1.Pod{}}
+	tr.shared[kindPod] = true
+	tr.mu.Unlock()
+	tr.SetPod(Key("a", "y"), pod("y"))
+	if len(tr.cur.Pods) != len(st.Pods)+2 || stale.m != nil {
+		t.Fatalf("a stale spare was used: %d pods, want %d", len(tr.cur.Pods), len(st.Pods)+2)
+	}
+	wait()
+}

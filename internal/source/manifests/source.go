@@ -15,17 +15,19 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 )
 
 const (
-	// A burst of events (an editor's save, a ConfigMap update, a checkout) comes within well
-	// under a millisecond per event. Reading what an event names costs in proportion to it, so
-	// an event on a quiet directory is read almost at once; the wait grows only while events
-	// keep coming.
+	// A file renamed into the directory (written beside it and renamed over it, as editors,
+	// tools and kubelet do) has its whole content the moment its name appears: it is read at
+	// once, with whatever else the same read of events names that is complete too. Content
+	// written in place comes in as many steps as its writer takes, and a burst of events (a
+	// checkout, a save that truncates and writes) comes within well under a millisecond per
+	// event: such a file is read once no event came for debounce. Reading what an event names
+	// costs in proportion to it, so the wait grows only while events keep coming.
 	defaultDebounce    = 2 * time.Millisecond
 	defaultMaxDebounce = time.Second
 	defaultResync      = 30 * time.Second
@@ -101,13 +103,13 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("manifests source: Run called twice")
 	}
-	w, err := fsnotify.NewWatcher()
+	w, err := newDirWatcher()
 	if err != nil {
 		return fmt.Errorf("watching manifests directory %s: %w", s.dir, err)
 	}
-	defer w.Close()
+	defer w.close()
 	// Watch before the first read so that no change between the two is missed.
-	if err := w.Add(s.dir); err != nil {
+	if err := w.add(s.dir); err != nil {
 		return fmt.Errorf("watching manifests directory %s: %w", s.dir, err)
 	}
 	// The first successful load marks the source synced, before notifying.
@@ -124,7 +126,8 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 	}
 	defer timer.Stop()
 	var pending, pendingAll bool
-	pendingNames := map[string]bool{}
+	pendingNames := map[string]bool{} // read once the events settle
+	ready := map[string]bool{}        // read now
 	var firstEvent time.Time
 	schedule := func() {
 		now := time.Now()
@@ -136,7 +139,7 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 	}
 	read := func(names []string, all bool) {
 		if !watching {
-			if err := w.Add(s.dir); err == nil {
+			if err := w.add(s.dir); err == nil {
 				watching = true
 				all = true
 				s.logger.Info("watching manifests directory again", "dir", s.dir)
@@ -146,7 +149,7 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 			// The directory went away or became unreadable: keep the state in effect. Drop the watch
 			// so that it is set up again on a directory that may be recreated.
 			if watching {
-				_ = w.Remove(s.dir)
+				w.remove()
 				watching = false
 			}
 		}
@@ -167,27 +170,43 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 				<-scans
 			}
 			return nil
-		case ev, ok := <-w.Events:
+		case evs, ok := <-w.events:
 			if !ok {
 				return errors.New("manifests source: file system watcher closed")
 			}
-			s.logger.Debug("manifests directory event", "event", ev.String())
-			name, all, relevant := s.classify(ev)
-			if !relevant {
-				continue
+			settle := false
+			for _, ev := range evs {
+				s.logger.Debug("manifests directory event", "event", ev.String())
+				name, all, relevant := s.classify(ev)
+				switch {
+				case !relevant:
+				case all:
+					pendingAll, settle = true, true
+				case ev.renamedIn():
+					// In the order of the events: a write in place after the rename
+					// makes the file wait again.
+					ready[name] = true
+					delete(pendingNames, name)
+				default:
+					pendingNames[name] = true
+					delete(ready, name)
+					settle = true
+				}
 			}
-			if all {
-				pendingAll = true
-			} else {
-				pendingNames[name] = true
+			if settle {
+				schedule()
 			}
-			schedule()
-		case err, ok := <-w.Errors:
+			if len(ready) > 0 {
+				names := slices.Collect(maps.Keys(ready))
+				clear(ready)
+				read(names, false)
+			}
+		case err, ok := <-w.errors:
 			if !ok {
 				return errors.New("manifests source: file system watcher closed")
 			}
-			// On an overflow (fsnotify.ErrEventOverflow) events were lost; on any other error
-			// they may have been.
+			// On an overflow (errOverflow) events were lost; on any other error they may
+			// have been.
 			s.logger.Warn("watching manifests directory; reading it all again", "dir", s.dir, "err", err)
 			pendingAll = true
 			schedule()
@@ -227,11 +246,11 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 }
 
 // classify says what an event asks to read: the file it names, all files, or nothing.
-func (s *Source) classify(ev fsnotify.Event) (name string, all, relevant bool) {
-	if filepath.Clean(ev.Name) == filepath.Clean(s.dir) {
+func (s *Source) classify(ev dirEvent) (name string, all, relevant bool) {
+	if ev.name == "" {
 		return "", true, true // the directory itself went away or moved
 	}
-	name = filepath.Base(ev.Name)
+	name = ev.name
 	if !strings.HasPrefix(name, ".") {
 		ok, _ := manifestFile(name)
 		return name, false, ok
@@ -244,7 +263,7 @@ func (s *Source) classify(ev fsnotify.Event) (name string, all, relevant bool) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	info, err := os.Lstat(ev.Name)
+	info, err := os.Lstat(filepath.Join(s.dir, name))
 	if err == nil && info.Mode()&(fs.ModeDir|fs.ModeSymlink) != 0 {
 		s.loader.dotDirs[name] = true
 		return "", true, true

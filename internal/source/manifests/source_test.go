@@ -486,20 +486,24 @@ func TestRunMaxDebounce(t *testing.T) {
 	waitFor(t, s, notified, nil)
 	stop := make(chan struct{})
 	wrote := make(chan struct{})
+	// Written in place, which waits for the events to settle (a file renamed in is read at
+	// once), and without truncating: every version has the same length, so that any read finds
+	// one policy.
+	writeFiles(t, dir, map[string]string{"a.yaml": policy("foo", "p0000")})
+	f, err := os.OpenFile(filepath.Join(dir, "a.yaml"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
 	go func() {
 		defer close(wrote)
-		for i := 0; ; i++ {
+		for i := 1; ; i++ {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			// Whole files, so that any read finds one policy.
-			if err := os.WriteFile(filepath.Join(dir, ".a.yaml.tmp"), []byte(policy("foo", fmt.Sprintf("p%d", i))), 0o644); err != nil {
-				t.Error(err)
-				return
-			}
-			if err := os.Rename(filepath.Join(dir, ".a.yaml.tmp"), filepath.Join(dir, "a.yaml")); err != nil {
+			if _, err := f.WriteAt([]byte(policy("foo", fmt.Sprintf("p%04d", i%10000))), 0); err != nil {
 				t.Error(err)
 				return
 			}
@@ -589,4 +593,48 @@ func TestRunDotSymlinkSwap(t *testing.T) {
 	}
 	writeFiles(t, dir, map[string]string{"b.yaml": nsFoo})
 	waitFor(t, s, notified, []string{"Namespace foo", "NetworkPolicy foo/v2"})
+}
+
+// TestRunReadsRenamedFilesAtOnce checks that a file renamed into the directory (written beside
+// it and renamed over it, an atomic replace) is read at once, even while a file written in
+// place waits for its events to settle, and that the file written in place is read once they
+// have.
+func TestRunReadsRenamedFilesAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"a.yaml": policy("foo", "a"), "b.yaml": policy("foo", "b")})
+	s := New(dir, nil)
+	s.debounce, s.maxDebounce = time.Hour, time.Hour // only a rename is read before the hour
+	notified, _ := run(t, s)
+	waitFor(t, s, notified, []string{"NetworkPolicy foo/a", "NetworkPolicy foo/b"})
+
+	writeFiles(t, dir, map[string]string{"a.yaml": policy("foo", "a2")}) // in place
+	writeFiles(t, dir, map[string]string{".b.yaml.tmp": policy("foo", "b2")})
+	if err := os.Rename(filepath.Join(dir, ".b.yaml.tmp"), filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, s, notified, []string{"NetworkPolicy foo/a", "NetworkPolicy foo/b2"})
+	checkRevisionOf(t, s, "b.yaml", policy("foo", "b2"))
+
+	// A rename over a file written in place since reads the renamed content at once.
+	writeFiles(t, dir, map[string]string{".a.yaml.tmp": policy("foo", "a3")})
+	if err := os.Rename(filepath.Join(dir, ".a.yaml.tmp"), filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, s, notified, []string{"NetworkPolicy foo/a3", "NetworkPolicy foo/b2"})
+
+	// With the usual quiet time, a file written in place is read once its events settle.
+	s2 := New(dir, nil)
+	notified2, _ := run(t, s2)
+	waitFor(t, s2, notified2, []string{"NetworkPolicy foo/a3", "NetworkPolicy foo/b2"})
+	writeFiles(t, dir, map[string]string{"a.yaml": policy("foo", "a4")})
+	waitFor(t, s2, notified2, []string{"NetworkPolicy foo/a4", "NetworkPolicy foo/b2"})
+}
+
+// checkRevisionOf checks that the source's snapshot says file name was read with content.
+func checkRevisionOf(t *testing.T, s *Source, name, content string) {
+	t.Helper()
+	sum := sha256.Sum256([]byte(content))
+	if got, _ := s.Snapshot().Revision.Files.Get(name); got != hex.EncodeToString(sum[:]) {
+		t.Errorf("revision of %s: %q, want the hash of its content", name, got)
+	}
 }
