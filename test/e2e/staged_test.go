@@ -9,7 +9,9 @@ import (
 	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
@@ -221,6 +223,41 @@ func TestStagedVerdictsInTheKernel(t *testing.T) {
 		for _, p := range fromC {
 			if connect(p) != got[p] {
 				t.Errorf("%s -> %s enforced: connected %v, yet reported would-allow %v", p.src, p.dst, !got[p], got[p])
+			}
+		}
+		delete(w.policies, "y/c-out")
+		delete(w.policies, "y/to-a")
+
+		// A staged admin ClusterNetworkPolicy denying x's ingress from y: the difference is
+		// blamed on its rule, by name.
+		fence := &npav1beta1.ClusterNetworkPolicy{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "policy.networking.k8s.io/v1beta1", Kind: "ClusterNetworkPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: "fence", Annotations: map[string]string{policy.StagedAnnotation: "true"}},
+			Spec: npav1beta1.ClusterNetworkPolicySpec{Tier: npav1beta1.AdminTier, Priority: 1,
+				Subject: npav1beta1.ClusterNetworkPolicySubject{Namespaces: selp("ns", "x")},
+				Ingress: []npav1beta1.ClusterNetworkPolicyIngressRule{{Name: "no-y", Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny,
+					From: []npav1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: selp("ns", "y")}}}}},
+		}
+		stage(fence)
+		toA := []pair{{"x/b", "x/a"}, {"y/c", "x/a"}}
+		for _, p := range toA {
+			if !connect(p) {
+				t.Fatalf("%s -> %s: blocked by a staged ClusterNetworkPolicy", p.src, p.dst)
+			}
+		}
+		got = reported(toA, policy.WouldDeny, "ingress", "fence")
+		if !got[pair{"y/c", "x/a"}] || got[pair{"x/b", "x/a"}] {
+			t.Errorf("would-deny reported %v, want only y/c -> x/a", got)
+		}
+		if !stagedReported(w.sim.Log(), "src=y/c", "stagedPolicies=fence", "no-y") {
+			t.Errorf("the staged verdict line does not name the rule no-y:\n%s", grepLines(w.sim.Log(), stagedLine))
+		}
+		enforced := fence.DeepCopy()
+		enforced.Annotations = nil
+		stage(enforced)
+		for _, p := range toA {
+			if connect(p) == got[p] {
+				t.Errorf("%s -> %s enforced: connected %v, yet reported would-deny %v", p.src, p.dst, !got[p], got[p])
 			}
 		}
 	})
