@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/utils/clock"
 
 	"github.com/netwarden/netwarden/internal/kernel/conntrack"
 	"github.com/netwarden/netwarden/internal/kernel/nftnl"
@@ -49,6 +50,7 @@ type flowJudge struct {
 	ctSock  *nftnl.Raw // the worker's only
 	// judge is pass; tests replace it.
 	judge func(*policy.Ruleset) (anyMarked bool, err error)
+	clock clock.Clock
 
 	mu  sync.Mutex
 	rs  *policy.Ruleset // the latest Ruleset the kernel holds, and its Generation
@@ -61,10 +63,17 @@ type flowJudge struct {
 }
 
 func newFlowJudge(a *Agent) *flowJudge {
-	j := &flowJudge{a: a, enabled: a.guard() != nil && a.np.DenyMark != 0, wake: make(chan struct{}, 1)}
+	j := &flowJudge{a: a, enabled: a.guard() != nil && a.np.DenyMark != 0, wake: make(chan struct{}, 1), clock: clock.RealClock{}}
 	j.judge = j.pass
 	return j
 }
+
+// passSpacing bounds the share of a core the walks take when changes that need one come back
+// to back, as in a churn of pod changes across a large cluster, where most syncs remove some
+// address from a peer set: a pass starts no sooner than passSpacing times the last one's
+// duration after it ended, so the walks take at most a fifth of a core. A change that finds
+// the judge idle is walked at once.
+const passSpacing = 4
 
 // submit tells the judge that the kernel holds rs, compiled from Generation gen. changed: the
 // rules changed; narrowed: some verdict may have gone from allow to deny (or the rules were
@@ -100,15 +109,29 @@ func (j *flowJudge) run(ctx context.Context) {
 	retry := time.NewTimer(0)
 	<-retry.C
 	backoff := time.Duration(0)
+	var lastEnd time.Time
+	var lastTook time.Duration
+	var paced <-chan time.Time // set while a due pass waits out passSpacing
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-j.wake:
 		case <-retry.C:
+		case <-paced:
+			paced = nil
 		}
 		j.mu.Lock()
 		rs, gen, due := j.rs, j.gen, j.need
+		if due && !lastEnd.IsZero() {
+			if wait := lastEnd.Add(passSpacing * lastTook).Sub(j.clock.Now()); wait > 0 {
+				j.mu.Unlock()
+				if paced == nil {
+					paced = j.clock.After(wait)
+				}
+				continue
+			}
+		}
 		j.need = false
 		j.mu.Unlock()
 		if due {
@@ -117,7 +140,10 @@ func (j *flowJudge) run(ctx context.Context) {
 			// a small node it would otherwise hold back the answer that the kernel holds the
 			// change, which does not wait for the walk.
 			runtime.Gosched()
+			start := j.clock.Now()
 			marked, err := j.judge(rs)
+			lastEnd = j.clock.Now()
+			lastTook = lastEnd.Sub(start)
 			if err != nil {
 				j.mu.Lock()
 				j.need = true

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/utils/clock"
+	testingclock "k8s.io/utils/clock/testing"
+
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/statusapi"
 )
@@ -18,7 +21,7 @@ import (
 func TestFlowJudgeCoversEachGeneration(t *testing.T) {
 	a := &Agent{log: slog.New(slog.DiscardHandler), metrics: newMetrics()}
 	a.status.policy = &statusapi.FeatureStatus{}
-	j := &flowJudge{a: a, enabled: true, wake: make(chan struct{}, 1)}
+	j := &flowJudge{a: a, enabled: true, wake: make(chan struct{}, 1), clock: clock.RealClock{}}
 	type call struct {
 		rs    *policy.Ruleset
 		reply chan passReply
@@ -153,4 +156,84 @@ func TestFlowJudgeDisabled(t *testing.T) {
 	if p, _, _ := a.status.get(); p.EstablishedGeneration != 7 {
 		t.Fatalf("established generation %d, want 7", p.EstablishedGeneration)
 	}
+}
+
+// TestFlowJudgeSpacesPasses: when changes that need a pass come back to back, the next pass
+// waits passSpacing times the last one's duration after it ended (on a fake clock), and then
+// covers every change that came meanwhile; a change that finds the judge idle is walked at once.
+func TestFlowJudgeSpacesPasses(t *testing.T) {
+	a := &Agent{log: slog.New(slog.DiscardHandler), metrics: newMetrics()}
+	a.status.policy = &statusapi.FeatureStatus{}
+	fake := testingclock.NewFakeClock(time.Unix(1000, 0))
+	j := &flowJudge{a: a, enabled: true, wake: make(chan struct{}, 1), clock: fake}
+	const walk = 10 * time.Millisecond
+	passes := make(chan *policy.Ruleset, 10)
+	j.judge = func(rs *policy.Ruleset) (bool, error) {
+		fake.Step(walk) // the walk takes this long
+		passes <- rs
+		return false, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go j.run(ctx)
+	waitGen := func(want uint64) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			p, _, _ := a.status.get()
+			if p.EstablishedGeneration == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("established generation %d, want %d", p.EstablishedGeneration, want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	noPass := func(when string) {
+		t.Helper()
+		select {
+		case <-passes:
+			t.Fatalf("%s: a pass before its spacing ran out", when)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+
+	r1 := &policy.Ruleset{}
+	j.submit(r1, 1, true, true)
+	if got := <-passes; got != r1 {
+		t.Fatal("the first pass judged another Ruleset")
+	}
+	waitGen(1)
+	// Two more narrowing changes at once: both wait for one pass, 40 ms after the first ended.
+	r2, r3 := &policy.Ruleset{}, &policy.Ruleset{}
+	j.submit(r2, 2, true, true)
+	j.submit(r3, 3, true, true)
+	noPass("right after")
+	for !fake.HasWaiters() {
+		time.Sleep(time.Millisecond)
+	}
+	fake.Step(passSpacing*walk - time.Millisecond)
+	noPass("a millisecond before")
+	fake.Step(time.Millisecond)
+	select {
+	case got := <-passes:
+		if got != r3 {
+			t.Fatal("the spaced pass did not judge by the latest Ruleset")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no pass once the spacing ran out")
+	}
+	waitGen(3)
+	noPass("after the spaced pass")
+	// Idle long enough: the next change is walked at once.
+	fake.Step(time.Second)
+	r4 := &policy.Ruleset{}
+	j.submit(r4, 4, true, true)
+	select {
+	case <-passes:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a change that found the judge idle waited")
+	}
+	waitGen(4)
 }
