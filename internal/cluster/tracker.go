@@ -281,10 +281,19 @@ func (t *Tracker) prepareSpares() {
 	}
 	add := func(kind int, gen uint64, clone func() any) {
 		jobs = append(jobs, func() {
+			// A change that came first made its own copy: under a churn of changes, most
+			// do, and a spare made anyway doubles the copying.
+			wanted := func() bool { return t.mapGen[kind] == gen && t.shared[kind] }
+			t.mu.Lock()
+			if !wanted() {
+				t.mu.Unlock()
+				return
+			}
+			t.mu.Unlock()
 			m := clone()
 			t.mu.Lock()
 			defer t.mu.Unlock()
-			if t.mapGen[kind] == gen && t.shared[kind] {
+			if wanted() {
 				t.spare[kind] = spareMap{gen: gen, m: m}
 			}
 		})
