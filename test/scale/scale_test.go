@@ -416,7 +416,7 @@ func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simno
 	b.ReportMetric(float64(changes)/wall.Seconds(), "churn-changes/s")
 	b.ReportMetric(ms(latencies[len(latencies)/2]), "change-to-kernel-p50-ms")
 	b.ReportMetric(ms(latencies[len(latencies)*99/100]), "change-to-kernel-p99-ms")
-	b.ReportMetric((cpu1 - cpu0).Seconds()/wall.Seconds(), "churn-cpu-cores")
+	b.ReportMetric((cpu1-cpu0).Seconds()/wall.Seconds(), "churn-cpu-cores")
 	// The agent's own share, from the event reaching it to the end of the sync (its synced
 	// lines): what remains of the latency is the API server's and the watch's.
 	steps := map[string][]time.Duration{}
