@@ -94,12 +94,7 @@ func (d *dropLog) handle(p nflog.Packet, now time.Time) {
 	if d.duplicate(p, now) {
 		return
 	}
-	src, dst := d.pod(p.Src), d.pod(p.Dst)
-	attrs := []any{"direction", dir, "src", src, "srcIP", p.Src.String(), "dst", dst, "dstIP", p.Dst.String(),
-		"proto", nflog.ProtoName(p.Proto)}
-	if p.DstPort != 0 {
-		attrs = append(attrs, "port", p.DstPort)
-	}
+	attrs := d.flowAttrs([]any{"direction", dir}, p)
 	if ok {
 		attrs = append(attrs, "reason", reason.String())
 		if reason.ClusterPolicy != "" {
@@ -112,6 +107,17 @@ func (d *dropLog) handle(p nflog.Packet, now time.Time) {
 		attrs = append(attrs, "reason", "rule "+p.Prefix+" no longer in the applied rules")
 	}
 	d.a.log.Info("packet dropped by policy", attrs...)
+}
+
+// flowAttrs appends to attrs the log attributes of p's connection: both pods and addresses,
+// the protocol and the destination port.
+func (d *dropLog) flowAttrs(attrs []any, p nflog.Packet) []any {
+	attrs = append(attrs, "src", d.pod(p.Src), "srcIP", p.Src.String(), "dst", d.pod(p.Dst), "dstIP", p.Dst.String(),
+		"proto", nflog.ProtoName(p.Proto))
+	if p.DstPort != 0 {
+		attrs = append(attrs, "port", p.DstPort)
+	}
+	return attrs
 }
 
 // duplicate reports whether p is a retry of an attempt logged within dedupWindow, and

@@ -18,11 +18,7 @@ func (d *dropLog) handleStaged(p nflog.Packet, now time.Time) bool {
 	if d.duplicate(p, now) {
 		return true
 	}
-	attrs := []any{"outcome", outcome, "src", d.pod(p.Src), "srcIP", p.Src.String(), "dst", d.pod(p.Dst), "dstIP", p.Dst.String(),
-		"proto", nflog.ProtoName(p.Proto)}
-	if p.DstPort != 0 {
-		attrs = append(attrs, "port", p.DstPort)
-	}
+	attrs := d.flowAttrs([]any{"outcome", outcome}, p)
 	var cause policy.StagedCause
 	found := false
 	if rs := d.a.applied.Load(); rs != nil && rs.Staged != nil {

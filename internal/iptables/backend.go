@@ -93,7 +93,7 @@ func Dump(r *Rendered) string {
 
 // SetDropLog implements policy.DropLogger. The next sync renders every chain anew.
 func (b *Backend) SetDropLog(l *policy.DropLog) {
-	b.renderer = Renderer{log: l, stagedLog: b.renderer.stagedLog}
+	b.renderer = b.renderer.anew(func(r *Renderer) { r.log = l })
 }
 
 // Sync implements policy.Backend.

@@ -159,6 +159,14 @@ func newRenderCache() renderCache {
 // Render turns a Ruleset into kernel content with a fresh Renderer.
 func Render(rs *policy.Ruleset) *Rendered { return (&Renderer{}).Render(rs) }
 
+// anew returns a Renderer with rd's settings, changed by set, and nothing rendered: a change of
+// settings renders every chain anew.
+func (rd *Renderer) anew(set func(*Renderer)) Renderer {
+	fresh := Renderer{log: rd.log, stagedLog: rd.stagedLog}
+	set(&fresh)
+	return fresh
+}
+
 // Render turns a Ruleset into kernel content.
 func (rd *Renderer) Render(rs *policy.Ruleset) *Rendered {
 	rd.prev, rd.cur = rd.cur, newRenderCache()

@@ -326,7 +326,7 @@ func editedChains(edits []string) []string {
 // to NFLOG with its policy.StagedLogID prefix; nil counts only. The next sync renders every
 // chain anew.
 func (b *Backend) SetStagedLog(l *policy.DropLog) {
-	b.renderer = Renderer{log: b.renderer.log, stagedLog: l}
+	b.renderer = b.renderer.anew(func(r *Renderer) { r.stagedLog = l })
 }
 
 // ReadStagedCounters implements policy.StagedReporter: the packet counter of the last rule of

@@ -60,13 +60,13 @@ func NewWithInterface(nft knftables.Interface) *Backend { return &Backend{nft: n
 
 // SetDropLog implements policy.DropLogger. The next sync renders every chain anew.
 func (b *Backend) SetDropLog(l *policy.DropLog) {
-	b.renderer = Renderer{log: l, stagedLog: b.renderer.stagedLog, counters: b.renderer.counters}
+	b.renderer = b.renderer.anew(func(r *Renderer) { r.log = l })
 }
 
 // SetStagedLog implements policy.StagedReporter: the differences the judgement of staged
 // policies finds are logged with their StagedLogID, within the limits of l.
 func (b *Backend) SetStagedLog(l *policy.DropLog) {
-	b.renderer = Renderer{log: b.renderer.log, stagedLog: l, counters: b.renderer.counters}
+	b.renderer = b.renderer.anew(func(r *Renderer) { r.stagedLog = l })
 }
 
 // Name implements policy.Backend.

@@ -19,7 +19,7 @@ import (
 // of each connection, and no object of its own: the counters come and go with their rules, so
 // an incremental sync stays what it was. The next sync renders every chain anew.
 func (b *Backend) SetPolicyCounters(on bool) {
-	b.renderer = Renderer{log: b.renderer.log, stagedLog: b.renderer.stagedLog, counters: on}
+	b.renderer = b.renderer.anew(func(r *Renderer) { r.counters = on })
 }
 
 // ReadCounters implements policy.PolicyCounters. It dumps the table's rules over netlink,

@@ -148,6 +148,14 @@ func newRenderCache(prev renderCache) renderCache {
 	}
 }
 
+// anew returns a Renderer with rd's settings, changed by set, and nothing rendered: a change of
+// settings renders every chain anew.
+func (rd *Renderer) anew(set func(*Renderer)) Renderer {
+	fresh := Renderer{log: rd.log, counters: rd.counters, stagedLog: rd.stagedLog}
+	set(&fresh)
+	return fresh
+}
+
 // Render turns a Ruleset into table content with a fresh Renderer.
 func Render(rs *policy.Ruleset) *Rendered { return (&Renderer{}).Render(rs) }
 

@@ -100,11 +100,7 @@ func specChain(specs []ruleSpec) *chain {
 func policyChains(p *policy.PolicyRules, counters bool) [2]*chain {
 	var specs [2][]ruleSpec
 	for _, sp := range policyRules(p, counters) {
-		fam := 0
-		if sp.v6 {
-			fam = 1
-		}
-		specs[fam] = append(specs[fam], sp)
+		specs[famIndex(sp.v6)] = append(specs[famIndex(sp.v6)], sp)
 	}
 	return [2]*chain{specChain(specs[0]), specChain(specs[1])}
 }

@@ -146,14 +146,10 @@ func clusterPolicyChains(name string, p *policy.ClusterPolicyRules, log *policy.
 		}
 		verdict.counter = counters
 		for _, sp := range expandRule(nil, p.Direction, rule.Peers, rule.Ports, verdict) {
-			fam := 0
-			if sp.v6 {
-				fam = 1
-			}
 			if sp.gotoTo == "pass" {
 				sp.gotoTo = passChain(p.Direction, sp.v6)
 			}
-			specs[fam] = append(specs[fam], sp)
+			specs[famIndex(sp.v6)] = append(specs[famIndex(sp.v6)], sp)
 		}
 	}
 	return clusterChains{chains: [2]*chain{specChain(specs[0]), specChain(specs[1])}, drops: drops}
