@@ -24,11 +24,18 @@
 #   NPAPI_CONFORMANCE_DIR
 #                      the cache (default: $HOME/.cache/netwarden/npapi-conformance/<version>)
 #
-# The cluster needs the ClusterNetworkPolicy CRD of the same release (the suite reads its
-# policy.networking.k8s.io/bundle-version annotation and refuses any other); -all-features also
-# needs the experimental channel's CRD (named ports, node peers). Pods run
-# registry.k8s.io/e2e-test-images/agnhost:2.45 with /bin/bash -c "/agnhost porter" (TCP, UDP and
-# SCTP servers), one of them with hostNetwork, and the suite execs "/agnhost connect" in them.
+# What the cluster needs (the suite checks the first before anything else):
+# - the ClusterNetworkPolicy CRD of the same release: the suite reads its
+#   policy.networking.k8s.io/bundle-version annotation and refuses any other. -all-features needs
+#   the experimental channel's CRD (destinationNamedPort, node peers); both channels carry the
+#   annotation.
+# - a StatefulSet controller and two nodes' worth of pods: five StatefulSets of 2 replicas, each pod
+#   7 containers of registry.k8s.io/e2e-test-images/agnhost:2.45 (image entrypoint /agnhost, cmd
+#   pause), the servers started as /bin/bash -c "/agnhost serve-hostname|netexec|porter ..." on
+#   TCP 80/8080, UDP 53/5353 and SCTP 9003/9005; one StatefulSet (centaur) is hostNetwork on ports
+#   34345-34352 (TCP, UDP, SCTP). All must be Ready within 5 minutes.
+# - pods/exec: every probe is "/agnhost connect --protocol=tcp|udp|sctp" exec'd in a client
+#   container (TIMEOUT on stderr counts as dropped, anything else as a failure).
 #
 # The binary is cached and rebuilt only when go.mod, go.sum, the Go version or the build flags
 # change, so a second run starts at once. Logs go to stderr.
@@ -75,9 +82,11 @@ build() {
   log "compiling $pkg $npapi_version (go test -c) with $goversion into $out"
   tmp=$(mktemp "$out/.build.XXXXXX")
   # -mod=mod: go.sum lists the test package's own imports, but go may want to verify more of the
-  # graph than go mod tidy kept; it fills those in rather than failing.
+  # graph than go mod tidy kept; it fills those in rather than failing. -vet=off: go test -c would
+  # vet the suite (and compute vet facts for all its dependencies), which changes nothing in the
+  # binary.
   if ! (cd "$mod" && GOFLAGS="-mod=mod -buildvcs=false" GOWORK=off CGO_ENABLED=0 \
-    "$GO" test -c -trimpath -o "$tmp" "$pkg" >&2); then
+    "$GO" test -c -vet=off -trimpath -o "$tmp" "$pkg" >&2); then
     rm -f "$tmp"
     log "compiling $pkg failed"
     exit 1
