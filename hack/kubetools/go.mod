@@ -1,6 +1,10 @@
 // Build-only module for the binaries that the integration tests run (see hack/kube-binaries.sh).
 // It is separate from the product's module so that k8s.io/kubernetes and the etcd server never
 // enter github.com/netwarden/netwarden's dependency graph.
+// go.sum also lists the test-only dependencies of k8s.io/kubernetes/test/e2e (hack/kube-binaries.sh
+// e2e), which go mod tidy drops; after a tidy, put them back before committing with
+//   GOWORK=off GOFLAGS=-mod=mod go list -deps -test k8s.io/kubernetes/test/e2e >/dev/null
+// or the e2e build adds them itself, changing go.sum and so the stamp of the other binaries.
 module github.com/netwarden/netwarden/hack/kubetools
 
 go 1.26.0
