@@ -144,11 +144,11 @@ if [ "$mode" = e2e ]; then
   # go test has no -v that names compiled packages (its -v is the test binary's), so the progress
   # is only the time spent.
   log "compiling (e2e.test takes about 5 minutes on 2 cores when the other binaries are built; a line every minute)"
-  # The ticker checks that this script still runs, so a kill -9 of the script ends it too; its
-  # stdout is not the script's, so a caller's $(...) never waits for it.
+  # The ticker checks that this script still runs, so a kill -9 of the script ends it too; it
+  # holds neither the script's stdout (a caller's $(...) would wait for it) nor the lock.
   (
     while sleep 60 && kill -0 $$ 2>/dev/null; do log "still compiling ($((SECONDS - start))s)"; done
-  ) >/dev/null &
+  ) >/dev/null 9>&- &
   ticker=$!
   # -vet=off: go test -c vets the test package too, which needs vet facts for all of its ~2,800
   # dependencies (about 5 minutes on 2 cores) and changes nothing in the binary.
