@@ -1,0 +1,954 @@
+package kubelet
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Restart back-off of crashed containers: shorter than the kubelet's (10 s doubling to 5 min)
+// because test clusters wait on restarts; it is reset once an instance has run for
+// backoffReset.
+const (
+	backoffInitial = time.Second
+	backoffMax     = 30 * time.Second
+	backoffReset   = 2 * time.Minute
+)
+
+// podState is a pod the daemon runs, from CreatePod until it is gone.
+type podState struct {
+	d   *Daemon
+	key string
+	uid types.UID
+	dir string // StateDir/pods/<namespace>_<name>_<uid>
+
+	mu  sync.Mutex
+	pod *corev1.Pod // as last given by the API (status not used)
+	// restartPolicy is read without the lock (the spec cannot change).
+	restartPolicy corev1.RestartPolicy
+	sb            *sandbox
+	sbReady       bool
+	sbErr         string
+	initDone      bool
+	initFailed    bool
+	terminal      bool // no container runs or will run again: the sandbox is released
+	final         bool // killed for deletion or Stop
+	containers    []*container
+	conds         map[corev1.PodConditionType]corev1.PodCondition
+	startTime     metav1.Time
+	execs         map[*os.Process]struct{}
+
+	ctx     context.Context // canceled when the pod is being killed
+	cancel  context.CancelFunc
+	runDone chan struct{}  // the start-up goroutine (sandbox, init containers) has returned
+	sups    sync.WaitGroup // container supervisors
+	dying   sync.Once
+	gone    chan struct{} // everything is released
+
+	teardownMu sync.Mutex
+	sendMu     sync.Mutex
+	dirty      chan struct{}
+}
+
+// container is one init or app container of a pod and its current instance.
+type container struct {
+	spec        corev1.Container
+	init        bool
+	sidecar     bool // an init container with restartPolicy Always
+	unsupported string
+	state       corev1.ContainerState
+	lastExit    *corev1.ContainerStateTerminated // of the latest instance that exited
+	prevExit    *corev1.ContainerStateTerminated // of the one before it
+	restarts    int32
+	instances   int32
+	started     bool
+	ready       bool
+	succeeded   bool // an init container that completed
+	id          string
+	proc        *os.Process
+	exited      chan struct{} // closed when the current instance has exited
+	env         []corev1.EnvVar
+	penv        []string
+	logs        []*logFile // one per instance
+}
+
+func newPodState(d *Daemon, pod *corev1.Pod) *podState {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &podState{
+		d:             d,
+		key:           pod.Namespace + "/" + pod.Name,
+		uid:           pod.UID,
+		dir:           filepath.Join(d.cfg.StateDir, "pods", pod.Namespace+"_"+pod.Name+"_"+string(pod.UID)),
+		pod:           pod.DeepCopy(),
+		restartPolicy: pod.Spec.RestartPolicy,
+		conds:         map[corev1.PodConditionType]corev1.PodCondition{},
+		startTime:     metav1.Now(),
+		execs:         map[*os.Process]struct{}{},
+		ctx:           ctx,
+		cancel:        cancel,
+		runDone:       make(chan struct{}),
+		gone:          make(chan struct{}),
+		dirty:         make(chan struct{}, 1),
+	}
+	add := func(c corev1.Container, init bool) {
+		ct := &container{spec: c, init: init, sidecar: init && c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways}
+		reason := "ContainerCreating"
+		if !init && len(pod.Spec.InitContainers) > 0 {
+			reason = "PodInitializing"
+		}
+		ct.state.Waiting = &corev1.ContainerStateWaiting{Reason: reason}
+		if !isAgnhost(c.Image) {
+			ct.unsupported = unsupportedImageMessage(c.Image)
+			ct.state.Waiting = &corev1.ContainerStateWaiting{Reason: "ImageNotSupported", Message: ct.unsupported}
+		}
+		p.containers = append(p.containers, ct)
+	}
+	for _, c := range pod.Spec.InitContainers {
+		add(c, true)
+	}
+	for _, c := range pod.Spec.Containers {
+		add(c, false)
+	}
+	return p
+}
+
+func (p *podState) logf(format string, args ...any) {
+	p.d.cfg.Logf("kubelet %s: pod %s: %s", p.d.cfg.NodeName, p.key, fmt.Sprintf(format, args...))
+}
+
+// changed schedules a status notification.
+func (p *podState) changed() {
+	select {
+	case p.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// notifier sends the status after changes, until the pod is gone. Each send builds the status
+// then, so a late send never carries an older state than an earlier one.
+func (p *podState) notifier() {
+	for {
+		select {
+		case <-p.dirty:
+			p.sendStatus()
+		case <-p.gone:
+			return
+		}
+	}
+}
+
+func (p *podState) sendStatus() {
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	p.d.provider.notify(p.snapshot())
+}
+
+// snapshot is the pod with its current status.
+func (p *podState) snapshot() *corev1.Pod {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.pod.DeepCopy()
+	out.Status = p.statusLocked()
+	return out
+}
+
+// run brings the pod up: sandbox, init containers in order, then the app containers' supervisors.
+func (p *podState) run() {
+	defer close(p.runDone)
+	p.changed()
+	delay := newBackoff()
+	for {
+		err := p.setupSandbox()
+		if err == nil {
+			break
+		}
+		p.logf("setting up the sandbox: %v", err)
+		p.mu.Lock()
+		p.sbErr = err.Error()
+		p.mu.Unlock()
+		p.changed()
+		if !sleepCtx(p.ctx, delay.next()) {
+			return
+		}
+	}
+	p.mu.Lock()
+	p.sbReady, p.sbErr = true, ""
+	p.mu.Unlock()
+	p.changed()
+
+	for _, c := range p.containers {
+		if !c.init {
+			continue
+		}
+		if c.unsupported != "" {
+			return // the pod stays Pending: nothing after this init container can start
+		}
+		if c.sidecar {
+			p.sups.Add(1)
+			go p.supervise(c)
+			if !p.waitStarted(c) {
+				return
+			}
+			continue
+		}
+		if !p.runInit(c) {
+			return
+		}
+	}
+	p.mu.Lock()
+	p.initDone = true
+	p.mu.Unlock()
+	p.changed()
+
+	for _, c := range p.containers {
+		if c.init || c.unsupported != "" {
+			continue
+		}
+		p.sups.Add(1)
+		go p.supervise(c)
+	}
+}
+
+// setupSandbox makes the pod's namespaces, network and root filesystem. On failure, what was
+// made is removed again.
+func (p *podState) setupSandbox() (err error) {
+	p.mu.Lock()
+	pod := p.pod.DeepCopy()
+	p.mu.Unlock()
+	if err := os.MkdirAll(filepath.Join(p.dir, "logs"), 0o755); err != nil {
+		return err
+	}
+	sb := &sandbox{hostNetwork: pod.Spec.HostNetwork, rootfs: filepath.Join(p.dir, "rootfs")}
+	defer func() {
+		if err != nil {
+			if terr := p.d.teardownSandbox(sb); terr != nil {
+				p.logf("removing a half-made sandbox: %v", terr)
+			}
+		}
+	}()
+	hostname := podHostname(pod)
+	if sb.hostNetwork {
+		hostname = p.d.cfg.NodeName
+		if sb.netns, err = os.Open(p.d.cfg.NodeNetNS); err != nil {
+			return fmt.Errorf("opening the node's netns: %w", err)
+		}
+		sb.netnsPath = p.d.cfg.NodeNetNS
+		_, sb.uts, err = newNamespaces("", hostname)
+		if err != nil {
+			return fmt.Errorf("creating the UTS namespace: %w", err)
+		}
+		sb.ips = append(sb.ips, p.d.cfg.NodeIPs...)
+	} else {
+		sb.netnsName = netnsNameFor(p.d.cfg.NodeName, pod.Namespace, pod.Name, string(pod.UID))
+		sb.netnsPath = filepath.Join(NetNSDir, sb.netnsName)
+		if sb.netns, sb.uts, err = newNamespaces(sb.netnsName, hostname); err != nil {
+			sb.netnsName = "" // not made: nothing of it to remove
+			return fmt.Errorf("creating the namespaces: %w", err)
+		}
+		if err := setLoopbackUp(sb.netns); err != nil {
+			return fmt.Errorf("setting lo up in %s: %w", sb.netnsPath, err)
+		}
+		sb.cniRT = cniRuntimeConf(pod, sb.netnsPath)
+		ctx, cancel := context.WithTimeout(p.ctx, 2*time.Minute)
+		sb.ips, err = p.d.cniAdd(ctx, sb.cniRT)
+		cancel()
+		sb.cniAdded = true // a failed ADD is cleaned up with DEL, as CNI asks of runtimes
+		if err != nil {
+			return fmt.Errorf("CNI ADD (network %q, netns %s): %w", p.d.cniList.Name, sb.netnsPath, err)
+		}
+	}
+	hosts := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+	if len(sb.ips) > 0 && !sb.hostNetwork {
+		hosts += sb.ips[0].String() + "\t" + hostname + "\n"
+	}
+	hostsFile := filepath.Join(p.dir, "hosts")
+	if err := os.WriteFile(hostsFile, []byte(hosts), 0o644); err != nil {
+		return err
+	}
+	if err := mountRootfs(sb.rootfs, p.d.cfg.Agnhost, hostsFile); err != nil {
+		return fmt.Errorf("root filesystem: %w", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ctx.Err() != nil {
+		return p.ctx.Err() // killed meanwhile: the deferred teardown releases it
+	}
+	p.sb = sb
+	p.logf("sandbox ready: netns %s, IPs %v", sb.netnsPath, sb.ips)
+	return nil
+}
+
+func podHostname(pod *corev1.Pod) string {
+	h := pod.Spec.Hostname
+	if h == "" {
+		h = pod.Name
+	}
+	if len(h) > 63 {
+		h = strings.TrimRight(h[:63], "-.")
+	}
+	return h
+}
+
+// teardownSandbox undoes a sandbox: CNI DEL, the netns and the root filesystem. Each step
+// that succeeded is not done again by a later call.
+func (d *Daemon) teardownSandbox(sb *sandbox) error {
+	var errs []error
+	if sb.cniAdded {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := d.cniDel(ctx, sb.cniRT)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("CNI DEL (netns %s): %w", sb.netnsPath, err))
+		} else {
+			sb.cniAdded = false
+		}
+	}
+	if sb.uts != nil {
+		sb.uts.Close()
+		sb.uts = nil
+	}
+	if sb.netns != nil {
+		sb.netns.Close()
+		sb.netns = nil
+	}
+	if sb.netnsName != "" {
+		if err := removeNetNS(filepath.Join(NetNSDir, sb.netnsName)); err != nil {
+			errs = append(errs, err)
+		} else {
+			sb.netnsName = ""
+		}
+	}
+	if sb.rootfs != "" {
+		if err := unmountRootfs(sb.rootfs); err != nil {
+			errs = append(errs, err)
+		} else {
+			sb.rootfs = ""
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// runInit runs an init container until it succeeds. It returns false when the pod cannot go
+// on: it is being killed, or the container failed under restartPolicy Never.
+func (p *podState) runInit(c *container) bool {
+	delay := newBackoff()
+	for {
+		code, startErr := p.runInstance(c)
+		if p.ctx.Err() != nil {
+			return false
+		}
+		if startErr == nil && code == 0 {
+			p.mu.Lock()
+			c.succeeded = true
+			p.mu.Unlock()
+			return true
+		}
+		if startErr == nil && p.restartPolicy == corev1.RestartPolicyNever {
+			p.mu.Lock()
+			p.initFailed = true
+			p.mu.Unlock()
+			p.changed()
+			p.maybeTerminal()
+			return false
+		}
+		if !p.backOff(c, delay.next(), startErr) {
+			return false
+		}
+	}
+}
+
+// waitStarted waits until a sidecar has started, or the pod is being killed.
+func (p *podState) waitStarted(c *container) bool {
+	for {
+		p.mu.Lock()
+		started := c.started
+		p.mu.Unlock()
+		if started {
+			return true
+		}
+		if !sleepCtx(p.ctx, 50*time.Millisecond) {
+			return false
+		}
+	}
+}
+
+// supervise runs an app container (or a sidecar) and restarts it by the restart policy.
+func (p *podState) supervise(c *container) {
+	defer p.sups.Done()
+	delay := newBackoff()
+	for {
+		began := time.Now()
+		code, startErr := p.runInstance(c)
+		if p.ctx.Err() != nil {
+			return
+		}
+		if startErr == nil {
+			policy := p.restartPolicy
+			if c.sidecar {
+				policy = corev1.RestartPolicyAlways
+			}
+			if policy == corev1.RestartPolicyNever || policy == corev1.RestartPolicyOnFailure && code == 0 {
+				p.maybeTerminal()
+				return
+			}
+			if time.Since(began) > backoffReset {
+				delay = newBackoff()
+			}
+		}
+		if !p.backOff(c, delay.next(), startErr) {
+			return
+		}
+	}
+}
+
+// backOff shows the container waiting for its restart and waits; false if the pod is being
+// killed meanwhile.
+func (p *podState) backOff(c *container, d time.Duration, startErr error) bool {
+	p.mu.Lock()
+	if startErr != nil {
+		reason := "RunContainerError"
+		var ce configError
+		if errors.As(startErr, &ce) {
+			reason = "CreateContainerConfigError"
+		}
+		c.state = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: startErr.Error()}}
+	} else {
+		c.state = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+			Reason:  "CrashLoopBackOff",
+			Message: fmt.Sprintf("back-off %v restarting failed container=%s pod=%s_%s(%s)", d, c.spec.Name, p.pod.Name, p.pod.Namespace, p.uid),
+		}}
+	}
+	p.mu.Unlock()
+	p.changed()
+	return sleepCtx(p.ctx, d)
+}
+
+// configError is a container that cannot be started as configured (its environment).
+type configError struct{ error }
+
+func (e configError) Unwrap() error { return e.error }
+
+// runInstance starts one instance of c and waits for it to exit. startErr is set when it did
+// not start; otherwise code is its exit code (128+n when killed by signal n).
+func (p *podState) runInstance(c *container) (code int, startErr error) {
+	p.mu.Lock()
+	pod := p.pod.DeepCopy()
+	sb := p.sb
+	p.mu.Unlock()
+	if sb == nil {
+		return 0, errors.New("the pod's sandbox is gone")
+	}
+	var podIPs, hostIPs []string
+	for _, ip := range sb.ips {
+		podIPs = append(podIPs, ip.String())
+	}
+	for _, ip := range p.d.cfg.NodeIPs {
+		hostIPs = append(hostIPs, ip.String())
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+	env, err := resolveEnv(ctx, p.d.cfg.Client, pod, &c.spec, podIPs, hostIPs)
+	cancel()
+	if err != nil {
+		return 0, configError{fmt.Errorf("container %s: %w", c.spec.Name, err)}
+	}
+	hostname := podHostname(pod)
+	if sb.hostNetwork {
+		hostname = p.d.cfg.NodeName
+	}
+	penv := processEnv(env, hostname)
+	argv := containerArgv(&c.spec, env)
+	path, err := lookPathIn(sb.rootfs, argv[0], penv)
+	if err != nil {
+		return 0, fmt.Errorf("container %s: %w", c.spec.Name, err)
+	}
+
+	p.mu.Lock()
+	instance := c.instances
+	p.mu.Unlock()
+	logDir := filepath.Join(p.dir, "logs", c.spec.Name)
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return 0, err
+	}
+	lf, err := newLogFile(filepath.Join(logDir, fmt.Sprintf("%d.log", instance)))
+	if err != nil {
+		return 0, err
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		lf.closeWhenDone()
+		return 0, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		lf.closeWhenDone()
+		return 0, err
+	}
+	dir := c.spec.WorkingDir
+	if dir == "" {
+		dir = "/"
+	}
+	cmd := &exec.Cmd{
+		Path:   path,
+		Args:   argv,
+		Env:    penv,
+		Dir:    dir,
+		Stdout: outW,
+		Stderr: errW,
+		// Its own process group: the container's processes are signaled together, and all
+		// die with it, as they would with their PID namespace.
+		SysProcAttr: &unix.SysProcAttr{Chroot: sb.rootfs, Setpgid: true},
+	}
+	err = p.d.spawner.start(sb.netns, sb.uts, cmd)
+	outW.Close()
+	errW.Close()
+	lf.copyStream("stdout", outR)
+	lf.copyStream("stderr", errR)
+	lf.closeWhenDone()
+	if err != nil {
+		return 0, fmt.Errorf("container %s: starting %q: %w", c.spec.Name, argv, err)
+	}
+
+	started := metav1.Now()
+	id := newContainerID()
+	exited := make(chan struct{})
+	p.mu.Lock()
+	if c.instances > 0 {
+		c.restarts++
+	}
+	c.instances++
+	c.id, c.proc, c.exited, c.env, c.penv = id, cmd.Process, exited, env, penv
+	c.logs = append(c.logs, lf)
+	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: started}}
+	c.started = c.spec.StartupProbe == nil
+	c.ready = c.spec.ReadinessProbe == nil && (!c.init || c.sidecar)
+	if p.ctx.Err() != nil {
+		// Killed while starting: killContainers did not see this process.
+		_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+	}
+	p.mu.Unlock()
+	p.changed()
+	p.logf("container %s started: pid %d, %q", c.spec.Name, cmd.Process.Pid, argv)
+
+	probeCtx, stopProbes := context.WithCancel(p.ctx)
+	probesDone := p.startProbes(probeCtx, c, cmd.Process)
+	_ = cmd.Wait() // the exit status is in ProcessState
+	// The rest of the container's processes go with it.
+	_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+	stopProbes()
+	<-probesDone
+
+	code, signal := exitStatus(cmd.ProcessState)
+	reason := "Completed"
+	if code != 0 {
+		reason = "Error"
+	}
+	p.mu.Lock()
+	c.proc = nil
+	c.ready = false
+	term := &corev1.ContainerStateTerminated{
+		ExitCode:    int32(code),
+		Signal:      int32(signal),
+		Reason:      reason,
+		StartedAt:   started,
+		FinishedAt:  metav1.Now(),
+		ContainerID: containerIDPrefix + id,
+	}
+	c.state = corev1.ContainerState{Terminated: term}
+	c.prevExit, c.lastExit = c.lastExit, term.DeepCopy()
+	close(exited)
+	p.mu.Unlock()
+	p.changed()
+	p.logf("container %s exited with code %d", c.spec.Name, code)
+	return code, nil
+}
+
+const containerIDPrefix = "netwarden://"
+
+func newContainerID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// exitStatus is the exit code a runtime reports: the process's, or 128+signal.
+func exitStatus(ps *os.ProcessState) (code, signal int) {
+	if ps == nil {
+		return 255, 0
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal()), int(ws.Signal())
+	}
+	return ps.ExitCode(), 0
+}
+
+// maybeTerminal releases the sandbox once the pod is Succeeded or Failed: nothing runs in it
+// any more, and its IP goes back to the pool, as the kubelet does.
+func (p *podState) maybeTerminal() {
+	p.mu.Lock()
+	phase := p.phaseLocked()
+	if phase != corev1.PodSucceeded && phase != corev1.PodFailed || p.terminal || p.final {
+		p.mu.Unlock()
+		return
+	}
+	p.terminal = true
+	p.mu.Unlock()
+	go func() {
+		p.killContainers(gracePeriod(p.pod, nil))
+		if err := p.releaseSandbox(); err != nil {
+			p.logf("releasing the sandbox of the finished pod: %v", err)
+		}
+		p.changed()
+	}()
+}
+
+func gracePeriod(pod *corev1.Pod, override *int64) time.Duration {
+	switch {
+	case override != nil:
+		return time.Duration(*override) * time.Second
+	case pod.DeletionGracePeriodSeconds != nil:
+		return time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+	case pod.Spec.TerminationGracePeriodSeconds != nil:
+		return time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	return 30 * time.Second
+}
+
+// killContainers stops the restarts and kills every running container: SIGTERM to its process
+// group, SIGKILL after grace. Exec sessions are killed at once.
+func (p *podState) killContainers(grace time.Duration) {
+	p.cancel()
+	p.mu.Lock()
+	type running struct {
+		name   string
+		proc   *os.Process
+		exited chan struct{}
+	}
+	var live []running
+	for _, c := range p.containers {
+		if c.proc != nil {
+			live = append(live, running{c.spec.Name, c.proc, c.exited})
+		}
+	}
+	for proc := range p.execs {
+		_ = unix.Kill(-proc.Pid, unix.SIGKILL)
+	}
+	p.mu.Unlock()
+	for _, r := range live {
+		_ = unix.Kill(-r.proc.Pid, unix.SIGTERM)
+	}
+	deadline := time.NewTimer(grace)
+	defer deadline.Stop()
+	for _, r := range live {
+		select {
+		case <-r.exited:
+			continue
+		case <-deadline.C:
+		}
+		p.logf("container %s did not stop within %v of SIGTERM: SIGKILL", r.name, grace)
+		for _, r := range live {
+			_ = unix.Kill(-r.proc.Pid, unix.SIGKILL)
+		}
+		break
+	}
+	for _, r := range live {
+		<-r.exited
+	}
+	<-p.runDone
+	p.sups.Wait()
+}
+
+// releaseSandbox tears the sandbox down once nothing runs in it.
+func (p *podState) releaseSandbox() error {
+	p.teardownMu.Lock()
+	defer p.teardownMu.Unlock()
+	p.mu.Lock()
+	sb := p.sb
+	p.mu.Unlock()
+	if sb == nil {
+		return nil
+	}
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		if err = p.d.teardownSandbox(sb); err == nil {
+			break
+		}
+		time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+	}
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.sbReady = false
+	p.mu.Unlock()
+	return nil
+}
+
+// kill stops the pod for good (deletion or Stop): containers, sandbox, and with deleteFromAPI
+// the pod object, which the kubelet deletes once the pod's containers are gone. It runs once;
+// other calls wait for the first.
+func (p *podState) kill(grace time.Duration, deleteFromAPI bool) error {
+	var err error
+	first := false
+	p.dying.Do(func() {
+		first = true
+		p.mu.Lock()
+		p.final = true
+		p.mu.Unlock()
+		p.killContainers(grace)
+		err = p.releaseSandbox()
+		p.sendStatus()
+		if deleteFromAPI {
+			p.deleteFromAPI()
+		}
+		if err == nil {
+			// Logs go with the pod. Never below a mount point: the rootfs is gone by now.
+			if m, merr := mountsBelow(p.dir); merr == nil && len(m) == 0 {
+				if rerr := os.RemoveAll(p.dir); rerr != nil {
+					p.logf("removing %s: %v", p.dir, rerr)
+				}
+			} else {
+				p.logf("keeping %s: mounts below it: %v %v", p.dir, m, merr)
+			}
+		} else {
+			p.logf("releasing the sandbox: %v", err)
+		}
+		close(p.gone)
+	})
+	if !first {
+		<-p.gone
+	}
+	return err
+}
+
+func (p *podState) deleteFromAPI() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	opts := metav1.NewDeleteOptions(0)
+	opts.Preconditions = metav1.NewUIDPreconditions(string(p.uid))
+	ns, name, _ := strings.Cut(p.key, "/")
+	err := p.d.cfg.Client.CoreV1().Pods(ns).Delete(ctx, name, *opts)
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		p.logf("deleting the pod object: %v", err)
+	}
+}
+
+// statusLocked builds the pod status as the kubelet reports it.
+func (p *podState) statusLocked() corev1.PodStatus {
+	st := *p.pod.Status.DeepCopy() // keeps what others own (qosClass, nominatedNodeName, ...)
+	st.ObservedGeneration = p.pod.Generation
+	st.StartTime = &p.startTime
+	st.Phase = p.phaseLocked()
+	st.Reason, st.Message = "", ""
+	st.HostIP, st.HostIPs = "", nil
+	for i, ip := range p.d.cfg.NodeIPs {
+		if i == 0 {
+			st.HostIP = ip.String()
+		}
+		st.HostIPs = append(st.HostIPs, corev1.HostIP{IP: ip.String()})
+	}
+	st.PodIP, st.PodIPs = "", nil
+	if p.sb != nil {
+		for i, ip := range p.sb.ips {
+			if i == 0 {
+				st.PodIP = ip.String()
+			}
+			st.PodIPs = append(st.PodIPs, corev1.PodIP{IP: ip.String()})
+		}
+	}
+
+	st.InitContainerStatuses, st.ContainerStatuses = nil, nil
+	var unready, uninit []string
+	allReady := true
+	for _, c := range p.containers {
+		cs := corev1.ContainerStatus{
+			Name:         c.spec.Name,
+			Image:        c.spec.Image,
+			State:        *c.state.DeepCopy(),
+			Ready:        c.ready,
+			RestartCount: c.restarts,
+		}
+		// The state before the current one: the previous instance's end while running or
+		// terminated again, the latest end while waiting to restart.
+		last := c.lastExit
+		if c.state.Terminated != nil {
+			last = c.prevExit
+		}
+		if last != nil {
+			cs.LastTerminationState.Terminated = last.DeepCopy()
+		}
+		if c.unsupported == "" {
+			cs.ImageID = p.d.agnhostImageID(c.spec.Image)
+		}
+		if c.id != "" {
+			cs.ContainerID = containerIDPrefix + c.id
+		}
+		started := c.started && c.state.Running != nil
+		cs.Started = &started
+		if c.init {
+			st.InitContainerStatuses = append(st.InitContainerStatuses, cs)
+			if !c.succeeded && !(c.sidecar && started) {
+				uninit = append(uninit, c.spec.Name)
+			}
+			if c.sidecar && !c.ready {
+				allReady = false
+				unready = append(unready, c.spec.Name)
+			}
+			continue
+		}
+		st.ContainerStatuses = append(st.ContainerStatuses, cs)
+		if !c.ready {
+			allReady = false
+			unready = append(unready, c.spec.Name)
+		}
+	}
+
+	now := metav1.Now()
+	setCond := func(t corev1.PodConditionType, ok bool, reason, msg string) {
+		s := corev1.ConditionFalse
+		if ok {
+			s, reason, msg = corev1.ConditionTrue, "", ""
+		}
+		old, had := p.conds[t]
+		c := corev1.PodCondition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: p.pod.Generation, LastTransitionTime: now}
+		if had && old.Status == s {
+			c.LastTransitionTime = old.LastTransitionTime
+		}
+		p.conds[t] = c
+	}
+	terminal := st.Phase == corev1.PodSucceeded || st.Phase == corev1.PodFailed
+	sandboxMsg := p.sbErr
+	setCond(corev1.PodReadyToStartContainers, p.sbReady, "", sandboxMsg)
+	initialized := p.initDone || len(uninit) == 0 && !p.initFailed
+	setCond(corev1.PodInitialized, initialized, "ContainersNotInitialized", fmt.Sprintf("containers with incomplete status: %v", uninit))
+	switch {
+	case terminal:
+		setCond(corev1.ContainersReady, false, "PodCompleted", "")
+		setCond(corev1.PodReady, false, "PodCompleted", "")
+	default:
+		msg := fmt.Sprintf("containers with unready status: %v", unready)
+		setCond(corev1.ContainersReady, allReady && initialized, "ContainersNotReady", msg)
+		setCond(corev1.PodReady, allReady && initialized, "ContainersNotReady", msg)
+	}
+	setCond(corev1.PodScheduled, true, "", "")
+
+	ours := map[corev1.PodConditionType]bool{}
+	var conds []corev1.PodCondition
+	for _, t := range []corev1.PodConditionType{corev1.PodReadyToStartContainers, corev1.PodInitialized, corev1.PodReady, corev1.ContainersReady, corev1.PodScheduled} {
+		conds = append(conds, p.conds[t])
+		ours[t] = true
+	}
+	for _, c := range st.Conditions {
+		if !ours[c.Type] {
+			conds = append(conds, c)
+		}
+	}
+	st.Conditions = conds
+	return st
+}
+
+// phaseLocked is the pod phase by the kubelet's rules.
+func (p *podState) phaseLocked() corev1.PodPhase {
+	if p.initFailed {
+		return corev1.PodFailed
+	}
+	var running, waiting, succeeded, failed int
+	for _, c := range p.containers {
+		if c.init {
+			continue
+		}
+		switch {
+		case c.state.Running != nil:
+			running++
+		case c.state.Terminated != nil:
+			if c.state.Terminated.ExitCode == 0 {
+				succeeded++
+			} else {
+				failed++
+			}
+		case c.lastExit != nil: // waiting to restart
+			if p.final {
+				if c.lastExit.ExitCode == 0 {
+					succeeded++
+				} else {
+					failed++
+				}
+			} else {
+				running++ // restarting counts as running, as for the kubelet
+			}
+		default:
+			waiting++
+		}
+	}
+	if p.final {
+		if failed == 0 && waiting == 0 && running == 0 && succeeded > 0 {
+			return corev1.PodSucceeded
+		}
+		return corev1.PodFailed
+	}
+	switch {
+	case !p.initDone:
+		return corev1.PodPending
+	case waiting > 0:
+		return corev1.PodPending
+	case running > 0:
+		return corev1.PodRunning
+	case succeeded+failed > 0:
+		switch p.restartPolicy {
+		case corev1.RestartPolicyAlways:
+			return corev1.PodRunning
+		case corev1.RestartPolicyOnFailure:
+			if failed > 0 {
+				return corev1.PodRunning
+			}
+			return corev1.PodSucceeded
+		default:
+			if failed > 0 {
+				return corev1.PodFailed
+			}
+			return corev1.PodSucceeded
+		}
+	}
+	return corev1.PodPending
+}
+
+type backoff struct{ cur time.Duration }
+
+func newBackoff() *backoff { return &backoff{} }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = backoffInitial
+	} else if b.cur *= 2; b.cur > backoffMax {
+		b.cur = backoffMax
+	}
+	return b.cur
+}
+
+// sleepCtx sleeps d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
