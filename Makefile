@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -X github.com/netwarden/netwarden/internal/cli.Version=$(VERSION)
 TEST_TIMEOUT ?= 25m
 
-.PHONY: all deps build test demo bench bench-scale clean fmt vet
+.PHONY: all deps build test demo bench bench-scale conformance clean fmt vet
 
 all: build
 
@@ -22,11 +22,12 @@ build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/netwarden-portmap ./cmd/netwarden-portmap
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/netwarden-ipmasq ./cmd/netwarden-ipmasq
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/netwarden-gate ./cmd/netwarden-gate
+	$(GO) build -o $(BIN)/netwarden-cluster ./cmd/netwarden-cluster
 
 # Kernel tests find the agent binary through NETWARDEN_BIN; API tests find kube-apiserver, etcd and
 # kubectl through KUBE_BIN_DIR (built once from Go modules, then cached by version).
 test: deps build vet
-	@kubebin=$$(hack/kube-binaries.sh) && \
+	@kubebin=$$(hack/kube-binaries.sh) && hack/kube-binaries.sh e2e >/dev/null && \
 	NETWARDEN_BIN=$(CURDIR)/$(BIN)/netwarden KUBE_BIN_DIR=$$kubebin $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 vet:
@@ -47,6 +48,16 @@ bench: deps build
 bench-scale: deps build
 	@kubebin=$$(hack/kube-binaries.sh) && \
 	NETWARDEN_BIN=$(CURDIR)/$(BIN)/netwarden KUBE_BIN_DIR=$$kubebin $(GO) test -tags scale -run '^$$' -bench . -benchtime 1x -timeout 120m -v ./test/scale | tee bench-scale.out
+
+# The field's own suites, unmodified, against a cluster of two nodes on this machine
+# (test/conformance, internal/testkit/minicluster), on both backends: the Kubernetes e2e
+# NetworkPolicy tests (e2e.test, built by hack/kube-binaries.sh e2e) and the network-policy-api
+# conformance suite (hack/conformance.sh). It takes an hour or more, so make test runs a part.
+conformance: deps build
+	@kubebin=$$(hack/kube-binaries.sh) && hack/kube-binaries.sh e2e >/dev/null && \
+	{ NETWARDEN_CONFORMANCE=full NETWARDEN_BIN=$(CURDIR)/$(BIN)/netwarden KUBE_BIN_DIR=$$kubebin \
+		$(GO) test -count=1 -v -timeout 6h ./test/conformance; echo $$? > conformance.rc; } 2>&1 | tee conformance.out; \
+	exit $$(cat conformance.rc)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
@@ -78,3 +89,24 @@ push:
 .PHONY: kube-binaries
 kube-binaries:
 	@hack/kube-binaries.sh
+
+# A Kubernetes cluster of CLUSTER_NODES nodes on this machine, without a container engine
+# (internal/testkit/minicluster): the control plane on loopback, each node a network namespace
+# running kube-proxy, netwarden as deploy/ runs it, and a node daemon whose pods are network
+# namespaces through the CNI chain (upstream bridge and host-local, netwarden-portmap,
+# netwarden-gate). It runs in the background until make cluster-down.
+CLUSTER_NODES      ?= 2
+CLUSTER_PROXY_MODE ?= nftables
+CLUSTER_STATE      ?= /run/netwarden-cluster
+.PHONY: cluster-up cluster-down cni-upstream
+cni-upstream:
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/cni-upstream/ github.com/containernetworking/plugins/plugins/main/bridge github.com/containernetworking/plugins/plugins/ipam/host-local
+
+cluster-up: deps build cni-upstream
+	@kubebin=$$(hack/kube-binaries.sh) && \
+	$(BIN)/netwarden-cluster up --state $(CLUSTER_STATE) --nodes $(CLUSTER_NODES) --proxy-mode $(CLUSTER_PROXY_MODE) \
+		--kube-bin-dir $$kubebin --agent $(BIN)/netwarden --deploy deploy --cni-bin-dir $(BIN)/cni-upstream --cni-bin-dir $(BIN) && \
+	echo "kubectl is $$kubebin/kubectl; try: $$kubebin/kubectl --kubeconfig $(CLUSTER_STATE)/kubeconfig get nodes -o wide"
+
+cluster-down:
+	$(BIN)/netwarden-cluster down --state $(CLUSTER_STATE)

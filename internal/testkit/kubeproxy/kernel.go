@@ -21,7 +21,7 @@ func (p *Proxy) run(ctx context.Context, name string, args ...string) (string, e
 		return cmd.Run()
 	})
 	if err != nil {
-		return stderr.String(), fmt.Errorf("%s %v in %s: %w: %s", name, args, p.opts.Node.NetNSName, err, stderr.String())
+		return stderr.String(), fmt.Errorf("%s %v in %s: %w: %s", name, args, p.opts.Node, err, stderr.String())
 	}
 	return stdout.String(), nil
 }

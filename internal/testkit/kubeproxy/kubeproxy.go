@@ -31,7 +31,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -41,7 +40,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
@@ -73,11 +71,20 @@ const (
 	stopTimeout = 10 * time.Second
 )
 
+// Host is the node whose network namespace kube-proxy runs in: a *testbed.Node, or a node of
+// a minicluster. Its netns must be named (under /var/run/netns), for `ip netns exec`.
+type Host interface {
+	String() string
+	NetNSPath() string
+	InNetNSGo(fn func() error) error
+	Forward(listen, target string) (*testbed.Forwarder, error)
+}
+
 // Options configure a Proxy.
 type Options struct {
-	// Node is the testbed node whose netns kube-proxy runs in.
-	Node *testbed.Node
-	// NodeName is the Node object's name (--hostname-override); default Node.Name.
+	// Node is the node whose netns kube-proxy runs in.
+	Node Host
+	// NodeName is the Node object's name (--hostname-override); default Node's String().
 	NodeName string
 	// Server is the API server; kube-proxy reaches it through a forwarder in the node netns.
 	Server *kubetest.Server
@@ -116,13 +123,13 @@ type Proxy struct {
 // to the API server and the PATH shims. It skips the test (fails it under $CI) when the binary
 // is missing. t.Cleanup stops the process and the forwarder, and logs kube-proxy's output
 // when the test failed.
-func New(t testing.TB, opts Options) *Proxy {
+func New(t kubetest.TB, opts Options) *Proxy {
 	t.Helper()
 	if opts.Node == nil || opts.Server == nil {
 		t.Fatal("kubeproxy: Options.Node and Options.Server are required")
 	}
 	if opts.NodeName == "" {
-		opts.NodeName = opts.Node.Name
+		opts.NodeName = opts.Node.String()
 	}
 	if opts.Mode == "" {
 		opts.Mode = NFTables
@@ -136,7 +143,7 @@ func New(t testing.TB, opts Options) *Proxy {
 	} else {
 		bin = kubetest.Binary(t, "kube-proxy")
 	}
-	p := &Proxy{opts: opts, bin: bin, server: opts.Server, dir: t.TempDir(), logs: kubetest.NewLogBuffer("kube-proxy " + opts.Node.Name)}
+	p := &Proxy{opts: opts, bin: bin, server: opts.Server, dir: t.TempDir(), logs: kubetest.NewLogBuffer("kube-proxy " + opts.NodeName)}
 	t.Cleanup(func() {
 		p.Kill()
 		if p.fwd != nil {
@@ -171,7 +178,7 @@ func New(t testing.TB, opts Options) *Proxy {
 		cidrs = append(cidrs, c.Masked().String())
 	}
 	p.args = []string{
-		"netns", "exec", opts.Node.NetNSName, bin,
+		"netns", "exec", filepath.Base(opts.Node.NetNSPath()), bin,
 		"--kubeconfig=" + kubeconfig,
 		"--hostname-override=" + opts.NodeName,
 		"--proxy-mode=" + string(opts.Mode),
@@ -204,7 +211,7 @@ func New(t testing.TB, opts Options) *Proxy {
 
 // Start is New followed by Proxy.Start; it fails the test when kube-proxy cannot start, and
 // skips it for a mode that is unsupported here.
-func Start(t testing.TB, opts Options) *Proxy {
+func Start(t kubetest.TB, opts Options) *Proxy {
 	t.Helper()
 	p := New(t, opts)
 	if err := p.Start(); err != nil {
@@ -364,31 +371,7 @@ func (p *Proxy) Healthz(ctx context.Context) error {
 
 // get reads path from addr inside the node netns.
 func (p *Proxy) get(ctx context.Context, addr, path string) ([]byte, int, error) {
-	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var conn net.Conn
-			err := p.opts.Node.InNetNSGo(func() error {
-				var d net.Dialer
-				var err error
-				conn, err = d.DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		},
-	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
-	if err != nil {
-		return nil, 0, err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer resp.Body.Close()
-	var buf bytes.Buffer
-	_, err = buf.ReadFrom(resp.Body)
-	return buf.Bytes(), resp.StatusCode, err
+	return testbed.HTTPGet(ctx, p.opts.Node.InNetNSGo, addr, path)
 }
 
 // writeShims writes the PATH directory kube-proxy runs with: a modprobe that loads nothing,

@@ -5,20 +5,19 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"testing"
 )
 
 // Binary returns the path of a binary that hack/kube-binaries.sh builds (kube-apiserver, etcd,
 // kubectl), found as Start finds them. It skips the test when it is missing, or fails it when
 // $CI is set.
-func Binary(t testing.TB, name string) string {
+func Binary(t TB, name string) string {
 	t.Helper()
 	return filepath.Join(findBinDir(t, "", name), name)
 }
 
 // findBinDir returns the directory that holds the named binaries, or skips (fails under CI)
 // the test.
-func findBinDir(t testing.TB, dir string, names ...string) string {
+func findBinDir(t TB, dir string, names ...string) string {
 	t.Helper()
 	source := "Options.BinDir"
 	if dir == "" {
@@ -92,4 +91,11 @@ func requiredVersion(gomod []byte, module string) string {
 		}
 	}
 	return ""
+}
+
+// BinDir returns the directory that holds the named binaries (dir when it is not empty, else
+// found as Start finds them), or skips the test (fails it when $CI is set).
+func BinDir(t TB, dir string, names ...string) string {
+	t.Helper()
+	return findBinDir(t, dir, names...)
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
-	"testing"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -35,13 +34,13 @@ func (s *Server) Config(token string) *rest.Config {
 }
 
 // AdminClient returns a clientset with the admin token.
-func (s *Server) AdminClient(t testing.TB) kubernetes.Interface {
+func (s *Server) AdminClient(t TB) kubernetes.Interface {
 	t.Helper()
 	return adminClient(t, s, "admin", kubernetes.NewForConfig)
 }
 
 // adminClient makes a client of kind with the admin token, or fails the test.
-func adminClient[C any](t testing.TB, s *Server, kind string, newForConfig func(*rest.Config) (C, error)) C {
+func adminClient[C any](t TB, s *Server, kind string, newForConfig func(*rest.Config) (C, error)) C {
 	t.Helper()
 	c, err := newForConfig(s.AdminConfig())
 	if err != nil {
@@ -52,7 +51,7 @@ func adminClient[C any](t testing.TB, s *Server, kind string, newForConfig func(
 
 // Kubeconfig writes a kubeconfig file that authenticates with token (the admin token when empty)
 // into a temporary directory of t and returns its path.
-func (s *Server) Kubeconfig(t testing.TB, token string) string {
+func (s *Server) Kubeconfig(t TB, token string) string {
 	t.Helper()
 	if token == "" {
 		token = s.AdminToken
@@ -72,7 +71,7 @@ func (s *Server) Kubeconfig(t testing.TB, token string) string {
 // CreateServiceAccountToken creates the namespace and the service account name in it unless they
 // exist, and returns a token for that service account from the TokenRequest API, valid for an hour.
 // The service account has no permissions until the test binds it a role.
-func (s *Server) CreateServiceAccountToken(t testing.TB, namespace, name string) string {
+func (s *Server) CreateServiceAccountToken(t TB, namespace, name string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,7 +41,7 @@ const ClusterNetworkPolicyCRDName = "clusternetworkpolicies.policy.networking.k8
 // ClusterNetworkPolicyCRD returns the path of the ClusterNetworkPolicy CRD of channel in the
 // module source of sigs.k8s.io/network-policy-api, at the version the repository's go.mod
 // requires, in the Go module cache.
-func ClusterNetworkPolicyCRD(t testing.TB, channel CRDChannel) string {
+func ClusterNetworkPolicyCRD(t TB, channel CRDChannel) string {
 	t.Helper()
 	dir, err := moduleDir(NetworkPolicyAPIModule)
 	if err != nil {
@@ -106,7 +105,7 @@ func escapeModulePath(p string) string {
 
 // InstallClusterNetworkPolicyCRD installs the ClusterNetworkPolicy CRD of channel (see
 // InstallCRD).
-func (s *Server) InstallClusterNetworkPolicyCRD(t testing.TB, channel CRDChannel) {
+func (s *Server) InstallClusterNetworkPolicyCRD(t TB, channel CRDChannel) {
 	t.Helper()
 	s.InstallCRD(t, ClusterNetworkPolicyCRD(t, channel))
 }
@@ -116,7 +115,7 @@ func (s *Server) InstallClusterNetworkPolicyCRD(t testing.TB, channel CRDChannel
 // served version, so that clients can use it at once. It returns the CRD's name. A replaced
 // schema is not waited for (the API server shows no sign of having taken it): to use another
 // channel, delete the CRD first (DeleteCRD).
-func (s *Server) InstallCRD(t testing.TB, path string) string {
+func (s *Server) InstallCRD(t TB, path string) string {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -178,7 +177,7 @@ func (s *Server) InstallCRD(t testing.TB, path string) string {
 
 // DeleteCRD deletes the CustomResourceDefinition name and waits until it is gone (the API server
 // deletes its objects first) and API discovery no longer lists its resource.
-func (s *Server) DeleteCRD(t testing.TB, name string) {
+func (s *Server) DeleteCRD(t TB, name string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
@@ -236,12 +235,12 @@ func discoveryLists(disco discovery.DiscoveryInterface, groupVersion, resource s
 	return false
 }
 
-func (s *Server) dynamic(t testing.TB) dynamic.Interface {
+func (s *Server) dynamic(t TB) dynamic.Interface {
 	t.Helper()
 	return adminClient(t, s, "dynamic", dynamic.NewForConfig)
 }
 
-func (s *Server) discovery(t testing.TB) discovery.DiscoveryInterface {
+func (s *Server) discovery(t TB) discovery.DiscoveryInterface {
 	t.Helper()
 	return adminClient(t, s, "discovery", discovery.NewDiscoveryClientForConfig)
 }

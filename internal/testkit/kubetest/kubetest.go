@@ -31,7 +31,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"testing"
 	"time"
 )
 
@@ -93,7 +92,7 @@ type Server struct {
 // Start runs etcd and kube-apiserver for the test and waits until the API server is ready. It skips
 // the test (or, when $CI is set, fails it) if the binaries are missing. t.Cleanup stops both
 // processes and removes their files.
-func Start(t testing.TB, opts Options) *Server {
+func Start(t TB, opts Options) *Server {
 	t.Helper()
 	binDir := findBinDir(t, opts.BinDir, "etcd", "kube-apiserver")
 
@@ -115,7 +114,7 @@ func Start(t testing.TB, opts Options) *Server {
 
 var errPortTaken = errors.New("a port was taken before the server could bind it")
 
-func start(t testing.TB, binDir string, opts Options) (_ *Server, err error) {
+func start(t TB, binDir string, opts Options) (_ *Server, err error) {
 	dir := t.TempDir()
 	ports, err := freePorts(3)
 	if err != nil {
@@ -221,7 +220,7 @@ func (s *Server) KillAPIServer() {
 
 // StartAPIServer starts kube-apiserver again on the same port, with the same etcd, certificates and
 // keys, and waits until it is ready. It does nothing if kube-apiserver is running.
-func (s *Server) StartAPIServer(t testing.TB) {
+func (s *Server) StartAPIServer(t TB) {
 	t.Helper()
 	if s.apiserver != nil {
 		return
@@ -244,7 +243,7 @@ func (s *Server) StartAPIServer(t testing.TB) {
 }
 
 // Restart stops kube-apiserver and starts it again on the same port with the same etcd.
-func (s *Server) Restart(t testing.TB) {
+func (s *Server) Restart(t TB) {
 	t.Helper()
 	s.StopAPIServer()
 	s.StartAPIServer(t)

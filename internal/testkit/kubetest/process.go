@@ -45,7 +45,32 @@ func OnSpawnThread(fn func()) {
 }
 
 func startProcess(path string, args []string, logs *LogBuffer) (*process, error) {
+	return startProcessEnv(path, args, nil, logs)
+}
+
+// Process is a child process that a kit runs (a control-plane component, a node's agent): it
+// gets SIGKILL when the process that started it dies, and its output goes to a LogBuffer.
+type Process struct{ p *process }
+
+// StartProcess starts path with args and env (nil: this process's environment).
+func StartProcess(path string, args, env []string, logs *LogBuffer) (*Process, error) {
+	p, err := startProcessEnv(path, args, env, logs)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{p}, nil
+}
+
+// Exited reports whether the process has exited, and how.
+func (p *Process) Exited() (bool, error) { return p.p.exited() }
+
+// Stop sends SIGTERM, then SIGKILL when the process has not exited after timeout (at once for
+// a zero timeout), and waits for it.
+func (p *Process) Stop(timeout time.Duration) { p.p.stop(timeout) }
+
+func startProcessEnv(path string, args, env []string, logs *LogBuffer) (*process, error) {
 	cmd := exec.Command(path, args...)
+	cmd.Env = env
 	cmd.Stdout = logs
 	cmd.Stderr = logs
 	cmd.SysProcAttr = sysProcAttr()

@@ -29,13 +29,19 @@ func (n *Node) ForwardLoopback(addr string) (*Forwarder, error) { return n.Forwa
 // Forward listens on listen (host:port; port 0 picks a free one, see Addr) inside n's netns and
 // relays each connection to target, dialled from the namespace of the test process.
 func (n *Node) Forward(listen, target string) (*Forwarder, error) {
+	return NewForwarder(n.InNetNSGo, n.NetNSName, listen, target)
+}
+
+// NewForwarder is Forward for any network namespace: inNetNS runs its function inside it (the
+// namespace is named nsName in errors).
+func NewForwarder(inNetNS func(func() error) error, nsName, listen, target string) (*Forwarder, error) {
 	var ln net.Listener
-	if err := n.InNetNSGo(func() error {
+	if err := inNetNS(func() error {
 		var err error
 		ln, err = net.Listen("tcp", listen)
 		return err
 	}); err != nil {
-		return nil, fmt.Errorf("testbed: listening on %s in %s: %w", listen, n.NetNSName, err)
+		return nil, fmt.Errorf("testbed: listening on %s in %s: %w", listen, nsName, err)
 	}
 	f := &Forwarder{ln: ln, conns: map[net.Conn]struct{}{}}
 	f.wg.Add(1)

@@ -162,3 +162,12 @@ func setSysctls(target netns.NsHandle, kvs []sysctl) error {
 		return nil
 	})
 }
+
+// CreateNetNS creates the network namespace NetNSDir/name, for kits that wire namespaces of
+// their own (a minicluster's underlay and nodes); the caller closes the handle and removes the
+// namespace with RemoveNetNSMount.
+func CreateNetNS(name string) (netns.NsHandle, error) { return createNamedNetNS(name) }
+
+// InNetNSGo runs fn on a fresh goroutine whose OS thread is switched into target, and waits
+// for it.
+func InNetNSGo(target netns.NsHandle, fn func() error) error { return inNetNSGo(target, fn) }
