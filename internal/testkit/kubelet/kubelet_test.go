@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	utilexec "k8s.io/client-go/util/exec"
@@ -55,6 +56,14 @@ func requireRoot(t *testing.T) {
 		t.Fatal("the kubelet tests need root (CI is set: they must run)")
 	}
 	t.Skip("skipping: the kubelet tests need root")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if pluginDir != "" {
+		os.RemoveAll(pluginDir)
+	}
+	os.Exit(code)
 }
 
 var (
@@ -183,7 +192,7 @@ func newTestNetNS(t *testing.T, addr netip.Prefix) string {
 	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	name := "nwk-test-" + hex.EncodeToString(b)
+	name := "nwktest-node-" + hex.EncodeToString(b)
 	f, uts, err := newNamespaces(name, "node")
 	if err != nil {
 		t.Fatalf("node netns: %v", err)
@@ -270,11 +279,11 @@ func conflist(ipamDir string) []byte {
 	return b
 }
 
-// startNode starts a kube-apiserver and a daemon for node name.
-func startNode(t *testing.T, name string, nodeIPs []netip.Addr, nodeAddr netip.Prefix, listenAddr string) (*testNode, *kubetest.Server) {
+// startNode starts a kube-apiserver (with extra arguments) and a daemon for node name.
+func startNode(t *testing.T, name string, nodeIPs []netip.Addr, nodeAddr netip.Prefix, listenAddr string, apiArgs ...string) (*testNode, *kubetest.Server) {
 	t.Helper()
 	requireRoot(t)
-	srv := kubetest.Start(t, kubetest.Options{})
+	srv := kubetest.Start(t, kubetest.Options{ExtraAPIServerArgs: apiArgs})
 	binDir := filepath.Dir(kubetest.Binary(t, "kube-apiserver"))
 	plugins, agnhost := binaries(t, binDir)
 
@@ -765,10 +774,12 @@ func TestKubelet(t *testing.T) {
 		if p, _ := c.CoreV1().Pods(ns).Get(ctx, "nginx", metav1.GetOptions{}); p.Status.Phase != corev1.PodPending {
 			t.Errorf("phase %s, want Pending", p.Status.Phase)
 		}
+		began := time.Now()
 		if err := c.CoreV1().Pods(ns).Delete(ctx, "nginx", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		waitPodGone(t, c, ns, "nginx", time.Minute)
+		t.Logf("pod delete (agnhost pause, exits on SIGTERM) -> gone from the API server %v", time.Since(began).Round(time.Millisecond))
 	})
 
 	t.Run("host-network", func(t *testing.T) {
@@ -934,4 +945,107 @@ func countReady(p *corev1.Pod) int {
 		}
 	}
 	return n
+}
+
+// TestThroughAPIServer reaches the kubelet API as users do, through the API server: kubectl
+// exec (websocket v5 to the API server, which translates it to SPDY for the kubelet), client-go's
+// SPDY executor on pods/exec, and kubectl logs. The node's InternalIP is 127.0.0.1 and its
+// listener is on the host's loopback, where the API server can reach it.
+func TestThroughAPIServer(t *testing.T) {
+	n, srv := startNode(t, "kl2", []netip.Addr{netip.MustParseAddr("127.0.0.1")}, netip.Prefix{}, "127.0.0.1:0",
+		"--kubelet-preferred-address-types=InternalIP")
+	kubectl := kubetest.Binary(t, "kubectl")
+	kubeconfig := srv.Kubeconfig(t, "")
+	c := n.client
+	ctx := context.Background()
+	grace := int64(1)
+	createPod(t, c, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "target", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: n.name, TerminationGracePeriodSeconds: &grace, Containers: []corev1.Container{
+			agnhostContainer("serve", []string{"/bin/bash", "-c", "/agnhost serve-hostname --tcp --http=false --port 80"}),
+		}},
+	})
+	createPod(t, c, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "client", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: n.name, TerminationGracePeriodSeconds: &grace, Containers: []corev1.Container{
+			agnhostContainer("pause", nil),
+		}},
+	})
+	target := waitPod(t, c, "default", "target", time.Minute, "Ready", podReady)
+	waitPod(t, c, "default", "client", time.Minute, "Ready", podReady)
+	addr := net.JoinHostPort(target.Status.PodIP, "80")
+	bad := net.JoinHostPort(target.Status.PodIP, "81")
+
+	run := func(args ...string) (string, int) {
+		cmd := exec.Command(kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatalf("kubectl %v: %v", args, err)
+		}
+		return string(out), 0
+	}
+	// Pod to pod over the bridge, from inside the client pod.
+	eventually(t, 10*time.Second, "kubectl exec: agnhost connect "+addr, func() error {
+		if out, code := run("exec", "client", "--", "/agnhost", "connect", addr, "--timeout=1s", "--protocol=tcp"); code != 0 {
+			return fmt.Errorf("exit code %d: %s", code, out)
+		}
+		return nil
+	})
+	out, code := run("exec", "client", "--", "/agnhost", "connect", bad, "--timeout=1s", "--protocol=tcp")
+	if code == 0 {
+		t.Errorf("kubectl exec: agnhost connect %s succeeded: %s", bad, out)
+	}
+	t.Logf("kubectl exec of a failing connect: exit code %d, %q", code, out)
+	if out, code := run("exec", "target", "--", "sh", "-c", "exit 42"); code != 42 {
+		t.Errorf("kubectl exec exit 42: exit code %d, %q", code, out)
+	}
+	if out, code := run("exec", "target", "--", "hostname"); code != 0 || out != "target\n" {
+		t.Errorf("kubectl exec hostname: %d %q", code, out)
+	}
+
+	// client-go's SPDY executor on pods/exec.
+	cfg := srv.AdminConfig()
+	rc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{{addr, true}, {bad, false}} {
+		req := rc.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name("client").SubResource("exec").
+			VersionedParams(&corev1.PodExecOptions{
+				Container: "pause", Command: []string{"/agnhost", "connect", tc.addr, "--timeout=1s", "--protocol=tcp"},
+				Stdout: true, Stderr: true,
+			}, scheme.ParameterCodec)
+		ex, err := remotecommand.NewSPDYExecutor(cfg, "POST", req.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stdout, stderr bytes.Buffer
+		err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})
+		var ce utilexec.CodeExitError
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("client-go SPDY exec connect %s: %v (stderr %q)", tc.addr, err, stderr.String())
+		case !tc.ok && (!errors.As(err, &ce) || ce.Code == 0):
+			t.Errorf("client-go SPDY exec connect %s: %v, want an exit code error", tc.addr, err)
+		}
+	}
+
+	// kubectl logs: serve-hostname logged the connections.
+	if out, code := run("logs", "target"); code != 0 || !strings.Contains(out, "TCP request from") {
+		t.Errorf("kubectl logs: %d %q", code, out)
+	}
+	for _, name := range []string{"target", "client"} {
+		if err := c.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitPodGone(t, c, "default", "target", time.Minute)
+	waitPodGone(t, c, "default", "client", time.Minute)
 }

@@ -307,6 +307,9 @@ func podHostname(pod *corev1.Pod) string {
 // teardownSandbox undoes a sandbox: CNI DEL, the netns and the root filesystem. Each step
 // that succeeded is not done again by a later call.
 func (d *Daemon) teardownSandbox(sb *sandbox) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	sb.released = true
 	var errs []error
 	if sb.cniAdded {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -326,18 +329,18 @@ func (d *Daemon) teardownSandbox(sb *sandbox) error {
 		sb.netns.Close()
 		sb.netns = nil
 	}
-	if sb.netnsName != "" {
+	if sb.netnsName != "" && !sb.netnsRemoved {
 		if err := removeNetNS(filepath.Join(NetNSDir, sb.netnsName)); err != nil {
 			errs = append(errs, err)
 		} else {
-			sb.netnsName = ""
+			sb.netnsRemoved = true
 		}
 	}
-	if sb.rootfs != "" {
+	if sb.rootfs != "" && !sb.rootfsRemoved {
 		if err := unmountRootfs(sb.rootfs); err != nil {
 			errs = append(errs, err)
 		} else {
-			sb.rootfs = ""
+			sb.rootfsRemoved = true
 		}
 	}
 	return errors.Join(errs...)
@@ -513,9 +516,9 @@ func (p *podState) runInstance(c *container) (code int, startErr error) {
 		Stderr: errW,
 		// Its own process group: the container's processes are signaled together, and all
 		// die with it, as they would with their PID namespace.
-		SysProcAttr: &unix.SysProcAttr{Chroot: sb.rootfs, Setpgid: true},
+		SysProcAttr: &unix.SysProcAttr{Setpgid: true},
 	}
-	err = p.d.spawner.start(sb.netns, sb.uts, cmd)
+	err = sb.start(p.d.spawner, cmd)
 	outW.Close()
 	errW.Close()
 	lf.copyStream("stdout", outR)

@@ -162,6 +162,22 @@ func (pr *provider) get(namespace, name string) *podState {
 	return pr.pods[namespace+"/"+name]
 }
 
+// getAny is get, or else a pod of that name still being killed: its logs and exec stay
+// reachable until it is gone, as with the kubelet.
+func (pr *provider) getAny(namespace, name string) *podState {
+	if p := pr.get(namespace, name); p != nil {
+		return p
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	for p := range pr.dying {
+		if p.key == namespace+"/"+name {
+			return p
+		}
+	}
+	return nil
+}
+
 // GetPod returns the pod with its current status.
 func (pr *provider) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
 	p := pr.get(namespace, name)
@@ -196,7 +212,7 @@ func (pr *provider) GetPods(context.Context) ([]*corev1.Pod, error) {
 }
 
 func (pr *provider) container(namespace, name, containerName string) (*podState, *container, error) {
-	p := pr.get(namespace, name)
+	p := pr.getAny(namespace, name)
 	if p == nil {
 		return nil, nil, errdefs.NotFoundf("pod %s/%s does not run on node %s", namespace, name, pr.d.cfg.NodeName)
 	}
@@ -278,7 +294,7 @@ func (pr *provider) PortForward(ctx context.Context, namespace, name string, por
 	}
 	p.mu.Lock()
 	var nsPath string
-	if p.sb != nil && p.sb.netns != nil {
+	if p.sb != nil && p.sb.usable() {
 		nsPath = p.sb.netnsPath
 	}
 	p.mu.Unlock()

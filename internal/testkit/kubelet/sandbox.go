@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -30,6 +32,13 @@ const NetNSDir = "/var/run/netns"
 // sandbox is what the containers of a pod share: network and UTS namespaces and a root
 // filesystem.
 type sandbox struct {
+	// mu is held for reading while a process is forked into the sandbox, and for writing while
+	// it is torn down: a fork never sees a closed namespace file or a half-unmounted rootfs.
+	mu            sync.RWMutex
+	released      bool // no process may start any more
+	netnsRemoved  bool
+	rootfsRemoved bool
+	// The fields below do not change once the sandbox is shared.
 	hostNetwork bool
 	netnsName   string   // under NetNSDir; empty for hostNetwork pods
 	netnsPath   string   // the pod's netns, or the node's for hostNetwork pods
@@ -67,6 +76,14 @@ func newNamespaces(name, hostname string) (netnsFile, utsFile *os.File, err erro
 		}
 		path = filepath.Join(NetNSDir, name)
 		f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+		if errors.Is(err, os.ErrExist) {
+			// The name carries the pod's UID: this one is left from a daemon that did not stop
+			// (crashed) while running the same pod.
+			if err := removeNetNS(path); err != nil {
+				return nil, nil, fmt.Errorf("removing a stale netns of the same pod: %w", err)
+			}
+			f, err = os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("creating the netns file: %w", err)
 		}
@@ -436,4 +453,27 @@ func (d *Daemon) cniDel(ctx context.Context, rt *libcni.RuntimeConf) error {
 	return ns.WithNetNSPath(d.cfg.NodeNetNS, func(ns.NetNS) error {
 		return d.cni.DelNetworkList(ctx, d.cniList, rt)
 	})
+}
+
+var errSandboxGone = errors.New("the pod's sandbox is gone")
+
+// start starts cmd in the sandbox: its namespaces, chrooted in its root filesystem.
+func (sb *sandbox) start(s *spawner, cmd *exec.Cmd) error {
+	sb.mu.RLock()
+	defer sb.mu.RUnlock()
+	if sb.released || sb.netns == nil || sb.uts == nil {
+		return errSandboxGone
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &unix.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Chroot = sb.rootfs
+	return s.start(sb.netns, sb.uts, cmd)
+}
+
+// usable tells whether processes can still be started in the sandbox.
+func (sb *sandbox) usable() bool {
+	sb.mu.RLock()
+	defer sb.mu.RUnlock()
+	return !sb.released
 }
