@@ -30,6 +30,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -147,6 +148,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("kubelet %s: %w", cfg.NodeName, err)
 	}
 	d.provider = newProvider(d)
+	// The image ID is a digest of the agnhost binary: made now, not under the first pod's lock.
+	go d.agnhostImageID("")
 
 	nodeObj, err := d.nodeObject()
 	if err != nil {
@@ -375,7 +378,7 @@ func (d *Daemon) serveAPI() error {
 	d.server = &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 30 * time.Second,
-		ErrorLog:          nil,
+		ErrorLog:          log.New(logfWriter{d.cfg.Logf, "kubelet " + d.cfg.NodeName + ": kubelet API: "}, "", 0),
 	}
 	tl := tls.NewListener(d.cfg.Listener, &tls.Config{
 		Certificates: []tls.Certificate{cert},
@@ -482,6 +485,17 @@ func kernelAndOS() (kernel, osImage string) {
 func readTrim(p string) string {
 	b, _ := os.ReadFile(p)
 	return strings.TrimSpace(string(b))
+}
+
+// logfWriter turns the lines of a log.Logger into Logf calls.
+type logfWriter struct {
+	logf   func(string, ...any)
+	prefix string
+}
+
+func (w logfWriter) Write(p []byte) (int, error) {
+	w.logf("%s%s", w.prefix, strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }
 
 // logAdapter routes virtual-kubelet's log lines (info and above) to Config.Logf.
