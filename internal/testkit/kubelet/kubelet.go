@@ -12,7 +12,12 @@
 // host's /usr, /bin, /lib, /lib64, /sbin and /etc with the agnhost binary at /agnhost. Only the
 // agnhost image runs: its containers' commands are built against the image's ENTRYPOINT
 // ["/agnhost"] and CMD ["pause"] and run chrooted in that tree. Containers of other images wait
-// with reason ImageNotSupported.
+// with reason ImageNotSupported. Init containers run in order, containers restart by the pod's
+// restart policy with a back-off, startup/readiness/liveness probes (exec, tcpSocket, httpGet)
+// run from the node's network namespace, and emptyDir, configMap, secret, downwardAPI and
+// projected volumes are written once when the pod starts. The containers of a pod share its
+// root filesystem (and so each other's volume mounts and /tmp), and run as root in the host's
+// PID namespace, each in a process group of its own.
 //
 // Everything the daemon makes outside its StateDir (named network namespaces) and every mount it
 // makes is removed when a pod goes away and on Stop.

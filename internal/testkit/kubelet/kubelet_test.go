@@ -899,6 +899,62 @@ func TestKubelet(t *testing.T) {
 		waitPodGone(t, c, ns, "probed", time.Minute)
 	})
 
+	t.Run("volumes", func(t *testing.T) {
+		if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: "cfg"}, Data: map[string]string{"greeting": "hi"},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "sa"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		grace := int64(1)
+		createPod(t, c, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "vols", Namespace: ns, Labels: map[string]string{"app": "vols"}},
+			Spec: corev1.PodSpec{
+				NodeName: n.name, ServiceAccountName: "sa", TerminationGracePeriodSeconds: &grace,
+				Volumes: []corev1.Volume{
+					{Name: "shared", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+					{Name: "cfg", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}}}},
+					{Name: "info", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+						{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}},
+						{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"}}},
+						{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{
+							{Path: "labels", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels"}},
+							{Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}},
+						}}},
+					}}}},
+				},
+				Containers: []corev1.Container{
+					{Name: "writer", Image: agnhostImage, Command: []string{"/bin/sh", "-c", "echo written > /data/file && exec /agnhost pause"},
+						VolumeMounts: []corev1.VolumeMount{{Name: "shared", MountPath: "/data"}}},
+					{Name: "reader", Image: agnhostImage, VolumeMounts: []corev1.VolumeMount{
+						{Name: "shared", MountPath: "/data"},
+						{Name: "cfg", MountPath: "/config"},
+						{Name: "info", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount"},
+					}},
+				},
+			},
+		})
+		waitPod(t, c, ns, "vols", time.Minute, "Ready", podReady)
+		eventually(t, 10*time.Second, "the writer's file", func() error {
+			r := n.execDirect(t, ns, "vols", "reader", []string{"cat", "/data/file", "/config/greeting",
+				"/var/run/secrets/kubernetes.io/serviceaccount/labels", "/var/run/secrets/kubernetes.io/serviceaccount/namespace"}, "", false, false)
+			if want := "written\nhiapp=\"vols\"default"; r.err != nil || r.stdout != want {
+				return fmt.Errorf("stdout %q stderr %q err %v; want %q", r.stdout, r.stderr, r.err, want)
+			}
+			return nil
+		})
+		r := n.execDirect(t, ns, "vols", "reader", []string{"sh", "-c", "test -s /var/run/secrets/kubernetes.io/serviceaccount/token && ! touch /config/x 2>/dev/null"}, "", false, false)
+		if r.err != nil {
+			t.Errorf("token present, configMap volume read-only: %+v", r)
+		}
+		if err := c.CoreV1().Pods(ns).Delete(ctx, "vols", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPodGone(t, c, ns, "vols", time.Minute)
+	})
+
 	t.Run("stop", func(t *testing.T) {
 		// A pod still running at Stop is killed and its sandbox removed; its object stays.
 		createPod(t, c, &corev1.Pod{

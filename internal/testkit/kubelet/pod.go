@@ -280,8 +280,24 @@ func (p *podState) setupSandbox() (err error) {
 	if err := os.WriteFile(hostsFile, []byte(hosts), 0o644); err != nil {
 		return err
 	}
+	var podIPs, hostIPs []string
+	for _, ip := range sb.ips {
+		podIPs = append(podIPs, ip.String())
+	}
+	for _, ip := range p.d.cfg.NodeIPs {
+		hostIPs = append(hostIPs, ip.String())
+	}
+	vctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+	volumes, err := p.prepareVolumes(vctx, pod, podIPs, hostIPs)
+	cancel()
+	if err != nil {
+		return err
+	}
 	if err := mountRootfs(sb.rootfs, p.d.cfg.Agnhost, hostsFile); err != nil {
 		return fmt.Errorf("root filesystem: %w", err)
+	}
+	if err := p.mountVolumes(pod, sb.rootfs, volumes); err != nil {
+		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -801,6 +817,9 @@ func (p *podState) statusLocked() corev1.PodStatus {
 		}
 		if c.id != "" {
 			cs.ContainerID = containerIDPrefix + c.id
+		}
+		if w := cs.State.Waiting; w != nil && w.Reason == "ContainerCreating" && p.sbErr != "" {
+			w.Message = p.sbErr // why the pod cannot start, as the kubelet's FailedMount/CNI events tell
 		}
 		started := c.started && c.state.Running != nil
 		cs.Started = &started
