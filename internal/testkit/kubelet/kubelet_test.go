@@ -955,6 +955,40 @@ func TestKubelet(t *testing.T) {
 		waitPodGone(t, c, ns, "vols", time.Minute)
 	})
 
+	t.Run("force-delete-and-recreate", func(t *testing.T) {
+		mk := func() *corev1.Pod {
+			return &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "again", Namespace: ns},
+				Spec:       corev1.PodSpec{NodeName: n.name, Containers: []corev1.Container{agnhostContainer("pause", nil)}},
+			}
+		}
+		createPod(t, c, mk())
+		old := waitPod(t, c, ns, "again", time.Minute, "Ready", podReady)
+		zero := int64(0)
+		if err := c.CoreV1().Pods(ns).Delete(ctx, "again", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+		createPod(t, c, mk())
+		got := waitPod(t, c, ns, "again", time.Minute, "Ready as a new pod", func(p *corev1.Pod) bool { return p.UID != old.UID && podReady(p) })
+		if got.Status.PodIP == old.Status.PodIP {
+			t.Logf("the new pod got the old one's IP %s back", got.Status.PodIP)
+		}
+		oldNS := filepath.Join(NetNSDir, netnsNameFor(n.name, ns, "again", string(old.UID)))
+		eventually(t, 30*time.Second, "the force-deleted pod's netns to go", func() error {
+			if _, err := os.Stat(oldNS); err == nil {
+				return fmt.Errorf("%s still there", oldNS)
+			}
+			return nil
+		})
+		if _, err := os.Stat(filepath.Join(NetNSDir, netnsNameFor(n.name, ns, "again", string(got.UID)))); err != nil {
+			t.Errorf("the new pod's netns: %v", err)
+		}
+		if err := c.CoreV1().Pods(ns).Delete(ctx, "again", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPodGone(t, c, ns, "again", time.Minute)
+	})
+
 	t.Run("stop", func(t *testing.T) {
 		// A pod still running at Stop is killed and its sandbox removed; its object stays.
 		createPod(t, c, &corev1.Pod{

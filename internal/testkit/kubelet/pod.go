@@ -215,6 +215,9 @@ func (p *podState) run() {
 	p.mu.Unlock()
 	p.changed()
 
+	if p.ctx.Err() != nil {
+		return
+	}
 	for _, c := range p.containers {
 		if c.init || c.unsupported != "" {
 			continue
@@ -465,6 +468,9 @@ func (e configError) Unwrap() error { return e.error }
 // runInstance starts one instance of c and waits for it to exit. startErr is set when it did
 // not start; otherwise code is its exit code (128+n when killed by signal n).
 func (p *podState) runInstance(c *container) (code int, startErr error) {
+	if err := p.ctx.Err(); err != nil {
+		return 0, err
+	}
 	p.mu.Lock()
 	pod := p.pod.DeepCopy()
 	sb := p.sb
@@ -629,12 +635,19 @@ func (p *podState) maybeTerminal() {
 	p.terminal = true
 	p.mu.Unlock()
 	go func() {
-		p.killContainers(gracePeriod(p.pod, nil))
+		p.killContainers(p.grace(nil))
 		if err := p.releaseSandbox(); err != nil {
 			p.logf("releasing the sandbox of the finished pod: %v", err)
 		}
 		p.changed()
 	}()
+}
+
+// grace is the pod's termination grace period (override, when set, wins).
+func (p *podState) grace(override *int64) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return gracePeriod(p.pod, override)
 }
 
 func gracePeriod(pod *corev1.Pod, override *int64) time.Duration {

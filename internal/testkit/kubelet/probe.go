@@ -55,7 +55,7 @@ func (p *podState) startProbes(ctx context.Context, c *container, proc *os.Proce
 				if ctx.Err() == nil && !ok {
 					p.logf("container %s failed its liveness probe: killing it", spec.Name)
 					_ = unix.Kill(-proc.Pid, unix.SIGTERM)
-					if !sleepCtx(ctx, gracePeriod(p.pod, spec.LivenessProbe.TerminationGracePeriodSeconds)) {
+					if !sleepCtx(ctx, p.grace(spec.LivenessProbe.TerminationGracePeriodSeconds)) {
 						return
 					}
 					_ = unix.Kill(-proc.Pid, unix.SIGKILL)
