@@ -49,6 +49,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/version"
 	vklog "github.com/virtual-kubelet/virtual-kubelet/log"
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
@@ -118,6 +120,7 @@ type Daemon struct {
 	cancel   context.CancelFunc
 	server   *http.Server
 	served   chan struct{}
+	logs     *guardedLog
 
 	imageIDOnce sync.Once
 	imageID     string
@@ -136,6 +139,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
+	logs := &guardedLog{logf: cfg.Logf}
+	cfg.Logf = logs.Logf
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "pods"), 0o755); err != nil {
 		return nil, fmt.Errorf("kubelet %s: state dir: %w", cfg.NodeName, err)
 	}
@@ -144,10 +149,15 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("kubelet %s: CNI conflist: %w", cfg.NodeName, err)
 	}
 	d := &Daemon{
-		cfg:     cfg,
-		cni:     libcni.NewCNIConfigWithCacheDir(cfg.CNIBinDirs, filepath.Join(cfg.StateDir, "cni-cache"), nil),
+		cfg: cfg,
+		// An explicit exec: libcni makes its default one lazily, racing when pods start together.
+		cni: libcni.NewCNIConfigWithCacheDir(cfg.CNIBinDirs, filepath.Join(cfg.StateDir, "cni-cache"), &invoke.DefaultExec{
+			RawExec:       &invoke.RawExec{Stderr: logfWriter{cfg.Logf, "kubelet " + cfg.NodeName + ": CNI plugin: "}},
+			PluginDecoder: version.PluginDecoder{},
+		}),
 		cniList: list,
 		served:  make(chan struct{}),
+		logs:    logs,
 	}
 	if d.spawner, err = newSpawner(); err != nil {
 		return nil, fmt.Errorf("kubelet %s: %w", cfg.NodeName, err)
@@ -224,8 +234,31 @@ func (d *Daemon) Stop() error {
 		}
 		d.spawner.close()
 		d.stopErr = errors.Join(errs...)
+		d.logs.close()
 	})
 	return d.stopErr
+}
+
+// guardedLog drops the lines that goroutines of the libraries (event broadcasting, informers)
+// would still log after Stop: a test's t.Logf panics once the test has ended.
+type guardedLog struct {
+	mu     sync.RWMutex
+	closed bool
+	logf   func(string, ...any)
+}
+
+func (g *guardedLog) Logf(format string, args ...any) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if !g.closed {
+		g.logf(format, args...)
+	}
+}
+
+func (g *guardedLog) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 }
 
 // stopGrace caps the grace period of the pods killed by Stop: a test's teardown should not wait

@@ -29,6 +29,8 @@ type provider struct {
 	pods  map[string]*podState   // namespace/name -> the pod running under that name
 	dying map[*podState]struct{} // being killed: out of pods, so that a new pod can take the name
 	cb    func(*corev1.Pod)
+	// kills counts the goroutines of killLocked: Stop waits for them, so that none logs after it.
+	kills sync.WaitGroup
 }
 
 func newProvider(d *Daemon) *provider {
@@ -84,7 +86,9 @@ func (pr *provider) killLocked(p *podState, grace time.Duration, deleteFromAPI b
 	}
 	pr.dying[p] = struct{}{}
 	p.logf("killing (grace period %v)", grace)
+	pr.kills.Add(1)
 	go func() {
+		defer pr.kills.Done()
 		began := time.Now()
 		if err := p.kill(grace, deleteFromAPI); err != nil {
 			p.logf("killing: %v", err)
@@ -159,6 +163,7 @@ func (pr *provider) stopAll(maxGrace time.Duration) []error {
 		}()
 	}
 	wg.Wait()
+	pr.kills.Wait()
 	return errs
 }
 
