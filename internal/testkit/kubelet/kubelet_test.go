@@ -989,6 +989,41 @@ func TestKubelet(t *testing.T) {
 		waitPodGone(t, c, ns, "again", time.Minute)
 	})
 
+	t.Run("many-pods", func(t *testing.T) {
+		const count = 20
+		began := time.Now()
+		for i := range count {
+			createPod(t, c, &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("many-%d", i), Namespace: ns},
+				Spec: corev1.PodSpec{NodeName: n.name, Containers: []corev1.Container{
+					agnhostContainer("porter", []string{"/agnhost", "porter"}),
+				}},
+			})
+		}
+		ips := map[string]bool{}
+		for i := range count {
+			p := waitPod(t, c, ns, fmt.Sprintf("many-%d", i), time.Minute, "Ready", podReady)
+			if ips[p.Status.PodIP] {
+				t.Errorf("pod IP %s given twice", p.Status.PodIP)
+			}
+			ips[p.Status.PodIP] = true
+		}
+		t.Logf("%d pods created at once -> all Ready in %v", count, time.Since(began).Round(time.Millisecond))
+		began = time.Now()
+		for i := range count {
+			if err := c.CoreV1().Pods(ns).Delete(ctx, fmt.Sprintf("many-%d", i), metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range count {
+			waitPodGone(t, c, ns, fmt.Sprintf("many-%d", i), time.Minute)
+		}
+		t.Logf("%d pods deleted at once -> all gone in %v", count, time.Since(began).Round(time.Millisecond))
+		if entries, _ := os.ReadDir(filepath.Join(n.stateDir, "pods")); len(entries) > 0 {
+			t.Errorf("pod dirs left: %d", len(entries))
+		}
+	})
+
 	t.Run("stop", func(t *testing.T) {
 		// A pod still running at Stop is killed and its sandbox removed; its object stays.
 		createPod(t, c, &corev1.Pod{
