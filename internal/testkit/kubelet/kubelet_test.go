@@ -672,6 +672,17 @@ func TestKubelet(t *testing.T) {
 			if r.code != 7 || r.stdout != "web\nagnhost\nweb\n" {
 				t.Errorf("hostname/rootfs check: code %d stdout %q stderr %q err %v", r.code, r.stdout, r.stderr, r.err)
 			}
+			// Devices work, the host's files cannot be touched, /dev/shm is the pod's own.
+			shm := "nwk-shm-" + string(got.UID)
+			r = n.execDirect(t, ns, "web", "serve", []string{"sh", "-c",
+				"echo x > /dev/null && touch /tmp/x /dev/shm/" + shm + " && ! touch /usr/nwk-x 2>/dev/null && ! touch /dev/nwk-x 2>/dev/null && ! touch /etc/nwk-x 2>/dev/null"}, "", false, false)
+			if r.err != nil {
+				t.Errorf("rootfs writability: %+v", r)
+			}
+			if _, err := os.Stat("/dev/shm/" + shm); err == nil {
+				os.Remove("/dev/shm/" + shm)
+				t.Errorf("a pod's /dev/shm file reached the host's")
+			}
 			r = n.execDirect(t, ns, "web", "serve", []string{"/bin/cat"}, "piped through stdin", false, false)
 			if r.err != nil || r.stdout != "piped through stdin" {
 				t.Errorf("stdin: stdout %q err %v", r.stdout, r.err)

@@ -182,8 +182,8 @@ var hostDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/l
 
 // mountRootfs builds the pod's root filesystem at dir: a small tmpfs, made private so that
 // nothing mounted below it propagates anywhere, holding the mount points of read-only binds of
-// hostDirs, /proc, /sys (read-only) and /dev of the host, a writable tmpfs /tmp, the agnhost
-// binary at /agnhost and the pod's /etc/hosts. Everything hangs below one mount: a lazy unmount
+// hostDirs, /sys and /dev, a bind of /proc, writable tmpfs /tmp and /dev/shm of the pod's own,
+// the agnhost binary at /agnhost and the pod's /etc/hosts. Everything hangs below one mount: a lazy unmount
 // of dir takes all of it away.
 func mountRootfs(dir, agnhost, hostsFile string) (err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -269,9 +269,17 @@ func mountRootfs(dir, agnhost, hostsFile string) (err error) {
 	for _, m := range []struct {
 		src      string
 		readOnly bool
-	}{{"/proc", false}, {"/sys", true}, {"/dev", false}} {
+	}{{"/proc", false}, {"/sys", true}, {"/dev", true}} {
+		// /dev read-only still lets processes write to devices (the flag guards only regular
+		// files and directories), and keeps the host's device nodes out of any delete.
 		if err := bind(m.src, m.src, m.readOnly); err != nil {
 			return err
+		}
+	}
+	// The host's /dev/shm came with /dev: each pod gets its own.
+	if fi, err := os.Stat(filepath.Join(dir, "dev", "shm")); err == nil && fi.IsDir() {
+		if err := unix.Mount("shm", filepath.Join(dir, "dev", "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64m,mode=1777"); err != nil {
+			return fmt.Errorf("mounting /dev/shm: %w", err)
 		}
 	}
 	for _, d := range []string{"tmp", "root", "run", "var/tmp"} {
