@@ -36,10 +36,10 @@ func (p *podState) execIn(ctx context.Context, c *container, argv []string, stdi
 	}
 	p.mu.Lock()
 	sb := p.sb
-	running := c.proc != nil && sb != nil && sb.rootfs != ""
+	running := c.proc != nil && sb != nil
 	penv := append([]string{}, c.penv...)
 	p.mu.Unlock()
-	if !running {
+	if !running || !sb.usable() {
 		return 0, fmt.Errorf("container %s of pod %s is not running", c.spec.Name, p.key)
 	}
 	path, err := lookPathIn(sb.rootfs, argv[0], penv)
@@ -50,7 +50,7 @@ func (p *podState) execIn(ctx context.Context, c *container, argv []string, stdi
 	if dir == "" {
 		dir = "/"
 	}
-	cmd := &exec.Cmd{Path: path, Args: argv, Env: penv, Dir: dir, SysProcAttr: &unix.SysProcAttr{Chroot: sb.rootfs}}
+	cmd := &exec.Cmd{Path: path, Args: argv, Env: penv, Dir: dir, SysProcAttr: &unix.SysProcAttr{}}
 
 	var copies sync.WaitGroup
 	var readers []*os.File // closed when the output grace is over
@@ -130,7 +130,7 @@ func (p *podState) execIn(ctx context.Context, c *container, argv []string, stdi
 		}
 	}()
 
-	if err := p.d.spawner.start(sb.netns, sb.uts, cmd); err != nil {
+	if err := sb.start(p.d.spawner, cmd); err != nil {
 		return 0, fmt.Errorf("starting %q in container %s: %w", argv, c.spec.Name, err)
 	}
 	for _, f := range childEnds {

@@ -12,7 +12,12 @@
 // host's /usr, /bin, /lib, /lib64, /sbin and /etc with the agnhost binary at /agnhost. Only the
 // agnhost image runs: its containers' commands are built against the image's ENTRYPOINT
 // ["/agnhost"] and CMD ["pause"] and run chrooted in that tree. Containers of other images wait
-// with reason ImageNotSupported.
+// with reason ImageNotSupported. Init containers run in order, containers restart by the pod's
+// restart policy with a back-off, startup/readiness/liveness probes (exec, tcpSocket, httpGet)
+// run from the node's network namespace, and emptyDir, configMap, secret, downwardAPI and
+// projected volumes are written once when the pod starts. The containers of a pod share its
+// root filesystem (and so each other's volume mounts and /tmp), and run as root in the host's
+// PID namespace, each in a process group of its own.
 //
 // Everything the daemon makes outside its StateDir (named network namespaces) and every mount it
 // makes is removed when a pod goes away and on Stop.
@@ -30,6 +35,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -43,6 +49,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/version"
 	vklog "github.com/virtual-kubelet/virtual-kubelet/log"
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
@@ -112,6 +120,7 @@ type Daemon struct {
 	cancel   context.CancelFunc
 	server   *http.Server
 	served   chan struct{}
+	logs     *guardedLog
 
 	imageIDOnce sync.Once
 	imageID     string
@@ -130,6 +139,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
+	logs := &guardedLog{logf: cfg.Logf}
+	cfg.Logf = logs.Logf
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "pods"), 0o755); err != nil {
 		return nil, fmt.Errorf("kubelet %s: state dir: %w", cfg.NodeName, err)
 	}
@@ -138,15 +149,22 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("kubelet %s: CNI conflist: %w", cfg.NodeName, err)
 	}
 	d := &Daemon{
-		cfg:     cfg,
-		cni:     libcni.NewCNIConfigWithCacheDir(cfg.CNIBinDirs, filepath.Join(cfg.StateDir, "cni-cache"), nil),
+		cfg: cfg,
+		// An explicit exec: libcni makes its default one lazily, racing when pods start together.
+		cni: libcni.NewCNIConfigWithCacheDir(cfg.CNIBinDirs, filepath.Join(cfg.StateDir, "cni-cache"), &invoke.DefaultExec{
+			RawExec:       &invoke.RawExec{Stderr: logfWriter{cfg.Logf, "kubelet " + cfg.NodeName + ": CNI plugin: "}},
+			PluginDecoder: version.PluginDecoder{},
+		}),
 		cniList: list,
 		served:  make(chan struct{}),
+		logs:    logs,
 	}
 	if d.spawner, err = newSpawner(); err != nil {
 		return nil, fmt.Errorf("kubelet %s: %w", cfg.NodeName, err)
 	}
 	d.provider = newProvider(d)
+	// The image ID is a digest of the agnhost binary: made now, not under the first pod's lock.
+	go d.agnhostImageID("")
 
 	nodeObj, err := d.nodeObject()
 	if err != nil {
@@ -216,8 +234,31 @@ func (d *Daemon) Stop() error {
 		}
 		d.spawner.close()
 		d.stopErr = errors.Join(errs...)
+		d.logs.close()
 	})
 	return d.stopErr
+}
+
+// guardedLog drops the lines that goroutines of the libraries (event broadcasting, informers)
+// would still log after Stop: a test's t.Logf panics once the test has ended.
+type guardedLog struct {
+	mu     sync.RWMutex
+	closed bool
+	logf   func(string, ...any)
+}
+
+func (g *guardedLog) Logf(format string, args ...any) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if !g.closed {
+		g.logf(format, args...)
+	}
+}
+
+func (g *guardedLog) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 }
 
 // stopGrace caps the grace period of the pods killed by Stop: a test's teardown should not wait
@@ -375,7 +416,7 @@ func (d *Daemon) serveAPI() error {
 	d.server = &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 30 * time.Second,
-		ErrorLog:          nil,
+		ErrorLog:          log.New(logfWriter{d.cfg.Logf, "kubelet " + d.cfg.NodeName + ": kubelet API: "}, "", 0),
 	}
 	tl := tls.NewListener(d.cfg.Listener, &tls.Config{
 		Certificates: []tls.Certificate{cert},
@@ -482,6 +523,17 @@ func kernelAndOS() (kernel, osImage string) {
 func readTrim(p string) string {
 	b, _ := os.ReadFile(p)
 	return strings.TrimSpace(string(b))
+}
+
+// logfWriter turns the lines of a log.Logger into Logf calls.
+type logfWriter struct {
+	logf   func(string, ...any)
+	prefix string
+}
+
+func (w logfWriter) Write(p []byte) (int, error) {
+	w.logf("%s%s", w.prefix, strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }
 
 // logAdapter routes virtual-kubelet's log lines (info and above) to Config.Logf.

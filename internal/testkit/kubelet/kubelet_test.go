@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	utilexec "k8s.io/client-go/util/exec"
@@ -55,6 +56,14 @@ func requireRoot(t *testing.T) {
 		t.Fatal("the kubelet tests need root (CI is set: they must run)")
 	}
 	t.Skip("skipping: the kubelet tests need root")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if pluginDir != "" {
+		os.RemoveAll(pluginDir)
+	}
+	os.Exit(code)
 }
 
 var (
@@ -183,7 +192,7 @@ func newTestNetNS(t *testing.T, addr netip.Prefix) string {
 	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	name := "nwk-test-" + hex.EncodeToString(b)
+	name := "nwktest-node-" + hex.EncodeToString(b)
 	f, uts, err := newNamespaces(name, "node")
 	if err != nil {
 		t.Fatalf("node netns: %v", err)
@@ -270,11 +279,11 @@ func conflist(ipamDir string) []byte {
 	return b
 }
 
-// startNode starts a kube-apiserver and a daemon for node name.
-func startNode(t *testing.T, name string, nodeIPs []netip.Addr, nodeAddr netip.Prefix, listenAddr string) (*testNode, *kubetest.Server) {
+// startNode starts a kube-apiserver (with extra arguments) and a daemon for node name.
+func startNode(t *testing.T, name string, nodeIPs []netip.Addr, nodeAddr netip.Prefix, listenAddr string, apiArgs ...string) (*testNode, *kubetest.Server) {
 	t.Helper()
 	requireRoot(t)
-	srv := kubetest.Start(t, kubetest.Options{})
+	srv := kubetest.Start(t, kubetest.Options{ExtraAPIServerArgs: apiArgs})
 	binDir := filepath.Dir(kubetest.Binary(t, "kube-apiserver"))
 	plugins, agnhost := binaries(t, binDir)
 
@@ -663,6 +672,17 @@ func TestKubelet(t *testing.T) {
 			if r.code != 7 || r.stdout != "web\nagnhost\nweb\n" {
 				t.Errorf("hostname/rootfs check: code %d stdout %q stderr %q err %v", r.code, r.stdout, r.stderr, r.err)
 			}
+			// Devices work, the host's files cannot be touched, /dev/shm is the pod's own.
+			shm := "nwk-shm-" + string(got.UID)
+			r = n.execDirect(t, ns, "web", "serve", []string{"sh", "-c",
+				"echo x > /dev/null && touch /tmp/x /dev/shm/" + shm + " && ! touch /usr/nwk-x 2>/dev/null && ! touch /dev/nwk-x 2>/dev/null && ! touch /etc/nwk-x 2>/dev/null"}, "", false, false)
+			if r.err != nil {
+				t.Errorf("rootfs writability: %+v", r)
+			}
+			if _, err := os.Stat("/dev/shm/" + shm); err == nil {
+				os.Remove("/dev/shm/" + shm)
+				t.Errorf("a pod's /dev/shm file reached the host's")
+			}
 			r = n.execDirect(t, ns, "web", "serve", []string{"/bin/cat"}, "piped through stdin", false, false)
 			if r.err != nil || r.stdout != "piped through stdin" {
 				t.Errorf("stdin: stdout %q err %v", r.stdout, r.err)
@@ -765,10 +785,12 @@ func TestKubelet(t *testing.T) {
 		if p, _ := c.CoreV1().Pods(ns).Get(ctx, "nginx", metav1.GetOptions{}); p.Status.Phase != corev1.PodPending {
 			t.Errorf("phase %s, want Pending", p.Status.Phase)
 		}
+		began := time.Now()
 		if err := c.CoreV1().Pods(ns).Delete(ctx, "nginx", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		waitPodGone(t, c, ns, "nginx", time.Minute)
+		t.Logf("pod delete (agnhost pause, exits on SIGTERM) -> gone from the API server %v", time.Since(began).Round(time.Millisecond))
 	})
 
 	t.Run("host-network", func(t *testing.T) {
@@ -888,6 +910,131 @@ func TestKubelet(t *testing.T) {
 		waitPodGone(t, c, ns, "probed", time.Minute)
 	})
 
+	t.Run("volumes", func(t *testing.T) {
+		if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: "cfg"}, Data: map[string]string{"greeting": "hi"},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "sa"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		grace := int64(1)
+		createPod(t, c, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "vols", Namespace: ns, Labels: map[string]string{"app": "vols"}},
+			Spec: corev1.PodSpec{
+				NodeName: n.name, ServiceAccountName: "sa", TerminationGracePeriodSeconds: &grace,
+				Volumes: []corev1.Volume{
+					{Name: "shared", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+					{Name: "cfg", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}}}},
+					{Name: "info", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+						{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}},
+						{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"}}},
+						{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{
+							{Path: "labels", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels"}},
+							{Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}},
+						}}},
+					}}}},
+				},
+				Containers: []corev1.Container{
+					{Name: "writer", Image: agnhostImage, Command: []string{"/bin/sh", "-c", "echo written > /data/file && exec /agnhost pause"},
+						VolumeMounts: []corev1.VolumeMount{{Name: "shared", MountPath: "/data"}}},
+					{Name: "reader", Image: agnhostImage, VolumeMounts: []corev1.VolumeMount{
+						{Name: "shared", MountPath: "/data"},
+						{Name: "cfg", MountPath: "/config"},
+						{Name: "info", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount"},
+					}},
+				},
+			},
+		})
+		waitPod(t, c, ns, "vols", time.Minute, "Ready", podReady)
+		eventually(t, 10*time.Second, "the writer's file", func() error {
+			r := n.execDirect(t, ns, "vols", "reader", []string{"cat", "/data/file", "/config/greeting",
+				"/var/run/secrets/kubernetes.io/serviceaccount/labels", "/var/run/secrets/kubernetes.io/serviceaccount/namespace"}, "", false, false)
+			if want := "written\nhiapp=\"vols\"default"; r.err != nil || r.stdout != want {
+				return fmt.Errorf("stdout %q stderr %q err %v; want %q", r.stdout, r.stderr, r.err, want)
+			}
+			return nil
+		})
+		r := n.execDirect(t, ns, "vols", "reader", []string{"sh", "-c", "test -s /var/run/secrets/kubernetes.io/serviceaccount/token && ! touch /config/x 2>/dev/null"}, "", false, false)
+		if r.err != nil {
+			t.Errorf("token present, configMap volume read-only: %+v", r)
+		}
+		if err := c.CoreV1().Pods(ns).Delete(ctx, "vols", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPodGone(t, c, ns, "vols", time.Minute)
+	})
+
+	t.Run("force-delete-and-recreate", func(t *testing.T) {
+		mk := func() *corev1.Pod {
+			return &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "again", Namespace: ns},
+				Spec:       corev1.PodSpec{NodeName: n.name, Containers: []corev1.Container{agnhostContainer("pause", nil)}},
+			}
+		}
+		createPod(t, c, mk())
+		old := waitPod(t, c, ns, "again", time.Minute, "Ready", podReady)
+		zero := int64(0)
+		if err := c.CoreV1().Pods(ns).Delete(ctx, "again", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+		createPod(t, c, mk())
+		got := waitPod(t, c, ns, "again", time.Minute, "Ready as a new pod", func(p *corev1.Pod) bool { return p.UID != old.UID && podReady(p) })
+		if got.Status.PodIP == old.Status.PodIP {
+			t.Logf("the new pod got the old one's IP %s back", got.Status.PodIP)
+		}
+		oldNS := filepath.Join(NetNSDir, netnsNameFor(n.name, ns, "again", string(old.UID)))
+		eventually(t, 30*time.Second, "the force-deleted pod's netns to go", func() error {
+			if _, err := os.Stat(oldNS); err == nil {
+				return fmt.Errorf("%s still there", oldNS)
+			}
+			return nil
+		})
+		if _, err := os.Stat(filepath.Join(NetNSDir, netnsNameFor(n.name, ns, "again", string(got.UID)))); err != nil {
+			t.Errorf("the new pod's netns: %v", err)
+		}
+		if err := c.CoreV1().Pods(ns).Delete(ctx, "again", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPodGone(t, c, ns, "again", time.Minute)
+	})
+
+	t.Run("many-pods", func(t *testing.T) {
+		const count = 20
+		began := time.Now()
+		for i := range count {
+			createPod(t, c, &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("many-%d", i), Namespace: ns},
+				Spec: corev1.PodSpec{NodeName: n.name, Containers: []corev1.Container{
+					agnhostContainer("porter", []string{"/agnhost", "porter"}),
+				}},
+			})
+		}
+		ips := map[string]bool{}
+		for i := range count {
+			p := waitPod(t, c, ns, fmt.Sprintf("many-%d", i), time.Minute, "Ready", podReady)
+			if ips[p.Status.PodIP] {
+				t.Errorf("pod IP %s given twice", p.Status.PodIP)
+			}
+			ips[p.Status.PodIP] = true
+		}
+		t.Logf("%d pods created at once -> all Ready in %v", count, time.Since(began).Round(time.Millisecond))
+		began = time.Now()
+		for i := range count {
+			if err := c.CoreV1().Pods(ns).Delete(ctx, fmt.Sprintf("many-%d", i), metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range count {
+			waitPodGone(t, c, ns, fmt.Sprintf("many-%d", i), time.Minute)
+		}
+		t.Logf("%d pods deleted at once -> all gone in %v", count, time.Since(began).Round(time.Millisecond))
+		if entries, _ := os.ReadDir(filepath.Join(n.stateDir, "pods")); len(entries) > 0 {
+			t.Errorf("pod dirs left: %d", len(entries))
+		}
+	})
+
 	t.Run("stop", func(t *testing.T) {
 		// A pod still running at Stop is killed and its sandbox removed; its object stays.
 		createPod(t, c, &corev1.Pod{
@@ -934,4 +1081,107 @@ func countReady(p *corev1.Pod) int {
 		}
 	}
 	return n
+}
+
+// TestThroughAPIServer reaches the kubelet API as users do, through the API server: kubectl
+// exec (websocket v5 to the API server, which translates it to SPDY for the kubelet), client-go's
+// SPDY executor on pods/exec, and kubectl logs. The node's InternalIP is 127.0.0.1 and its
+// listener is on the host's loopback, where the API server can reach it.
+func TestThroughAPIServer(t *testing.T) {
+	n, srv := startNode(t, "kl2", []netip.Addr{netip.MustParseAddr("127.0.0.1")}, netip.Prefix{}, "127.0.0.1:0",
+		"--kubelet-preferred-address-types=InternalIP")
+	kubectl := kubetest.Binary(t, "kubectl")
+	kubeconfig := srv.Kubeconfig(t, "")
+	c := n.client
+	ctx := context.Background()
+	grace := int64(1)
+	createPod(t, c, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "target", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: n.name, TerminationGracePeriodSeconds: &grace, Containers: []corev1.Container{
+			agnhostContainer("serve", []string{"/bin/bash", "-c", "/agnhost serve-hostname --tcp --http=false --port 80"}),
+		}},
+	})
+	createPod(t, c, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "client", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: n.name, TerminationGracePeriodSeconds: &grace, Containers: []corev1.Container{
+			agnhostContainer("pause", nil),
+		}},
+	})
+	target := waitPod(t, c, "default", "target", time.Minute, "Ready", podReady)
+	waitPod(t, c, "default", "client", time.Minute, "Ready", podReady)
+	addr := net.JoinHostPort(target.Status.PodIP, "80")
+	bad := net.JoinHostPort(target.Status.PodIP, "81")
+
+	run := func(args ...string) (string, int) {
+		cmd := exec.Command(kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatalf("kubectl %v: %v", args, err)
+		}
+		return string(out), 0
+	}
+	// Pod to pod over the bridge, from inside the client pod.
+	eventually(t, 10*time.Second, "kubectl exec: agnhost connect "+addr, func() error {
+		if out, code := run("exec", "client", "--", "/agnhost", "connect", addr, "--timeout=1s", "--protocol=tcp"); code != 0 {
+			return fmt.Errorf("exit code %d: %s", code, out)
+		}
+		return nil
+	})
+	out, code := run("exec", "client", "--", "/agnhost", "connect", bad, "--timeout=1s", "--protocol=tcp")
+	if code == 0 {
+		t.Errorf("kubectl exec: agnhost connect %s succeeded: %s", bad, out)
+	}
+	t.Logf("kubectl exec of a failing connect: exit code %d, %q", code, out)
+	if out, code := run("exec", "target", "--", "sh", "-c", "exit 42"); code != 42 {
+		t.Errorf("kubectl exec exit 42: exit code %d, %q", code, out)
+	}
+	if out, code := run("exec", "target", "--", "hostname"); code != 0 || out != "target\n" {
+		t.Errorf("kubectl exec hostname: %d %q", code, out)
+	}
+
+	// client-go's SPDY executor on pods/exec.
+	cfg := srv.AdminConfig()
+	rc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{{addr, true}, {bad, false}} {
+		req := rc.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name("client").SubResource("exec").
+			VersionedParams(&corev1.PodExecOptions{
+				Container: "pause", Command: []string{"/agnhost", "connect", tc.addr, "--timeout=1s", "--protocol=tcp"},
+				Stdout: true, Stderr: true,
+			}, scheme.ParameterCodec)
+		ex, err := remotecommand.NewSPDYExecutor(cfg, "POST", req.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stdout, stderr bytes.Buffer
+		err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})
+		var ce utilexec.CodeExitError
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("client-go SPDY exec connect %s: %v (stderr %q)", tc.addr, err, stderr.String())
+		case !tc.ok && (!errors.As(err, &ce) || ce.Code == 0):
+			t.Errorf("client-go SPDY exec connect %s: %v, want an exit code error", tc.addr, err)
+		}
+	}
+
+	// kubectl logs: serve-hostname logged the connections.
+	if out, code := run("logs", "target"); code != 0 || !strings.Contains(out, "TCP request from") {
+		t.Errorf("kubectl logs: %d %q", code, out)
+	}
+	for _, name := range []string{"target", "client"} {
+		if err := c.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitPodGone(t, c, "default", "target", time.Minute)
+	waitPodGone(t, c, "default", "client", time.Minute)
 }

@@ -215,6 +215,9 @@ func (p *podState) run() {
 	p.mu.Unlock()
 	p.changed()
 
+	if p.ctx.Err() != nil {
+		return
+	}
 	for _, c := range p.containers {
 		if c.init || c.unsupported != "" {
 			continue
@@ -280,8 +283,24 @@ func (p *podState) setupSandbox() (err error) {
 	if err := os.WriteFile(hostsFile, []byte(hosts), 0o644); err != nil {
 		return err
 	}
+	var podIPs, hostIPs []string
+	for _, ip := range sb.ips {
+		podIPs = append(podIPs, ip.String())
+	}
+	for _, ip := range p.d.cfg.NodeIPs {
+		hostIPs = append(hostIPs, ip.String())
+	}
+	vctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+	volumes, err := p.prepareVolumes(vctx, pod, podIPs, hostIPs)
+	cancel()
+	if err != nil {
+		return err
+	}
 	if err := mountRootfs(sb.rootfs, p.d.cfg.Agnhost, hostsFile); err != nil {
 		return fmt.Errorf("root filesystem: %w", err)
+	}
+	if err := p.mountVolumes(pod, sb.rootfs, volumes); err != nil {
+		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -307,6 +326,9 @@ func podHostname(pod *corev1.Pod) string {
 // teardownSandbox undoes a sandbox: CNI DEL, the netns and the root filesystem. Each step
 // that succeeded is not done again by a later call.
 func (d *Daemon) teardownSandbox(sb *sandbox) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	sb.released = true
 	var errs []error
 	if sb.cniAdded {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -326,18 +348,18 @@ func (d *Daemon) teardownSandbox(sb *sandbox) error {
 		sb.netns.Close()
 		sb.netns = nil
 	}
-	if sb.netnsName != "" {
+	if sb.netnsName != "" && !sb.netnsRemoved {
 		if err := removeNetNS(filepath.Join(NetNSDir, sb.netnsName)); err != nil {
 			errs = append(errs, err)
 		} else {
-			sb.netnsName = ""
+			sb.netnsRemoved = true
 		}
 	}
-	if sb.rootfs != "" {
+	if sb.rootfs != "" && !sb.rootfsRemoved {
 		if err := unmountRootfs(sb.rootfs); err != nil {
 			errs = append(errs, err)
 		} else {
-			sb.rootfs = ""
+			sb.rootfsRemoved = true
 		}
 	}
 	return errors.Join(errs...)
@@ -446,6 +468,9 @@ func (e configError) Unwrap() error { return e.error }
 // runInstance starts one instance of c and waits for it to exit. startErr is set when it did
 // not start; otherwise code is its exit code (128+n when killed by signal n).
 func (p *podState) runInstance(c *container) (code int, startErr error) {
+	if err := p.ctx.Err(); err != nil {
+		return 0, err
+	}
 	p.mu.Lock()
 	pod := p.pod.DeepCopy()
 	sb := p.sb
@@ -513,9 +538,9 @@ func (p *podState) runInstance(c *container) (code int, startErr error) {
 		Stderr: errW,
 		// Its own process group: the container's processes are signaled together, and all
 		// die with it, as they would with their PID namespace.
-		SysProcAttr: &unix.SysProcAttr{Chroot: sb.rootfs, Setpgid: true},
+		SysProcAttr: &unix.SysProcAttr{Setpgid: true},
 	}
-	err = p.d.spawner.start(sb.netns, sb.uts, cmd)
+	err = sb.start(p.d.spawner, cmd)
 	outW.Close()
 	errW.Close()
 	lf.copyStream("stdout", outR)
@@ -610,12 +635,19 @@ func (p *podState) maybeTerminal() {
 	p.terminal = true
 	p.mu.Unlock()
 	go func() {
-		p.killContainers(gracePeriod(p.pod, nil))
+		p.killContainers(p.grace(nil))
 		if err := p.releaseSandbox(); err != nil {
 			p.logf("releasing the sandbox of the finished pod: %v", err)
 		}
 		p.changed()
 	}()
+}
+
+// grace is the pod's termination grace period (override, when set, wins).
+func (p *podState) grace(override *int64) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return gracePeriod(p.pod, override)
 }
 
 func gracePeriod(pod *corev1.Pod, override *int64) time.Duration {
@@ -798,6 +830,9 @@ func (p *podState) statusLocked() corev1.PodStatus {
 		}
 		if c.id != "" {
 			cs.ContainerID = containerIDPrefix + c.id
+		}
+		if w := cs.State.Waiting; w != nil && w.Reason == "ContainerCreating" && p.sbErr != "" {
+			w.Message = p.sbErr // why the pod cannot start, as the kubelet's FailedMount/CNI events tell
 		}
 		started := c.started && c.state.Running != nil
 		cs.Started = &started

@@ -49,13 +49,17 @@ func (p *podState) startProbes(ctx context.Context, c *container, proc *os.Proce
 			p.mu.Unlock()
 			p.changed()
 		}
+		var liveness sync.WaitGroup
+		defer liveness.Wait()
 		if spec.LivenessProbe != nil {
+			liveness.Add(1)
 			go func() {
+				defer liveness.Done()
 				ok := p.probeLoop(ctx, c, spec.LivenessProbe, "liveness", func(ok bool) bool { return ok })
 				if ctx.Err() == nil && !ok {
 					p.logf("container %s failed its liveness probe: killing it", spec.Name)
 					_ = unix.Kill(-proc.Pid, unix.SIGTERM)
-					if !sleepCtx(ctx, gracePeriod(p.pod, spec.LivenessProbe.TerminationGracePeriodSeconds)) {
+					if !sleepCtx(ctx, p.grace(spec.LivenessProbe.TerminationGracePeriodSeconds)) {
 						return
 					}
 					_ = unix.Kill(-proc.Pid, unix.SIGKILL)

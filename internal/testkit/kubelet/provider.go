@@ -29,6 +29,8 @@ type provider struct {
 	pods  map[string]*podState   // namespace/name -> the pod running under that name
 	dying map[*podState]struct{} // being killed: out of pods, so that a new pod can take the name
 	cb    func(*corev1.Pod)
+	// kills counts the goroutines of killLocked: Stop waits for them, so that none logs after it.
+	kills sync.WaitGroup
 }
 
 func newProvider(d *Daemon) *provider {
@@ -60,11 +62,14 @@ func (pr *provider) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	key := pod.Namespace + "/" + pod.Name
 	pr.mu.Lock()
 	if old := pr.pods[key]; old != nil {
-		pr.mu.Unlock()
 		if old.uid == pod.UID {
+			pr.mu.Unlock()
 			return nil
 		}
-		return fmt.Errorf("pod %s: a pod of the same name (uid %s) still runs on this node", key, old.uid)
+		// The API server holds one pod per name: the old one was deleted, and its deletion was
+		// missed (a force delete and a re-create in one informer update). It goes now, beside
+		// the new one (their namespaces and directories differ by UID).
+		pr.killLocked(old, old.grace(nil), false)
 	}
 	p := newPodState(pr.d, pod)
 	pr.pods[key] = p
@@ -74,15 +79,34 @@ func (pr *provider) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
+// killLocked moves p from pods to dying and kills it in the background. pr.mu is held.
+func (pr *provider) killLocked(p *podState, grace time.Duration, deleteFromAPI bool) {
+	if pr.pods[p.key] == p {
+		delete(pr.pods, p.key)
+	}
+	pr.dying[p] = struct{}{}
+	p.logf("killing (grace period %v)", grace)
+	pr.kills.Add(1)
+	go func() {
+		defer pr.kills.Done()
+		began := time.Now()
+		if err := p.kill(grace, deleteFromAPI); err != nil {
+			p.logf("killing: %v", err)
+		} else {
+			p.logf("removed in %v", time.Since(began).Round(time.Millisecond))
+		}
+		pr.mu.Lock()
+		delete(pr.dying, p)
+		pr.mu.Unlock()
+	}()
+}
+
 // UpdatePod takes the pod's new metadata; the spec of a running pod does not change (an image
 // change is not acted upon).
 func (pr *provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	p := pr.get(pod.Namespace, pod.Name)
 	if p == nil || p.uid != pod.UID {
-		if p == nil {
-			return pr.CreatePod(ctx, pod)
-		}
-		return fmt.Errorf("pod %s/%s: a pod of the same name (uid %s) still runs on this node", pod.Namespace, pod.Name, p.uid)
+		return pr.CreatePod(ctx, pod)
 	}
 	p.mu.Lock()
 	spec := p.pod.Spec
@@ -109,22 +133,8 @@ func (pr *provider) DeletePod(_ context.Context, pod *corev1.Pod) error {
 		pr.mu.Unlock()
 		return errdefs.NotFoundf("pod %s (uid %s) does not run on node %s", key, pod.UID, pr.d.cfg.NodeName)
 	}
-	delete(pr.pods, key)
-	pr.dying[p] = struct{}{}
+	pr.killLocked(p, gracePeriod(pod, nil), true)
 	pr.mu.Unlock()
-	grace := gracePeriod(pod, nil)
-	p.logf("killing (grace period %v)", grace)
-	go func() {
-		began := time.Now()
-		if err := p.kill(grace, true); err != nil {
-			p.logf("killing: %v", err)
-		} else {
-			p.logf("removed in %v", time.Since(began).Round(time.Millisecond))
-		}
-		pr.mu.Lock()
-		delete(pr.dying, p)
-		pr.mu.Unlock()
-	}()
 	return nil
 }
 
@@ -146,13 +156,14 @@ func (pr *provider) stopAll(maxGrace time.Duration) []error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			grace := min(gracePeriod(p.pod, nil), maxGrace)
+			grace := min(p.grace(nil), maxGrace)
 			if err := p.kill(grace, false); err != nil {
 				errs[i] = fmt.Errorf("pod %s: %w", p.key, err)
 			}
 		}()
 	}
 	wg.Wait()
+	pr.kills.Wait()
 	return errs
 }
 
@@ -160,6 +171,22 @@ func (pr *provider) get(namespace, name string) *podState {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	return pr.pods[namespace+"/"+name]
+}
+
+// getAny is get, or else a pod of that name still being killed: its logs and exec stay
+// reachable until it is gone, as with the kubelet.
+func (pr *provider) getAny(namespace, name string) *podState {
+	if p := pr.get(namespace, name); p != nil {
+		return p
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	for p := range pr.dying {
+		if p.key == namespace+"/"+name {
+			return p
+		}
+	}
+	return nil
 }
 
 // GetPod returns the pod with its current status.
@@ -196,7 +223,7 @@ func (pr *provider) GetPods(context.Context) ([]*corev1.Pod, error) {
 }
 
 func (pr *provider) container(namespace, name, containerName string) (*podState, *container, error) {
-	p := pr.get(namespace, name)
+	p := pr.getAny(namespace, name)
 	if p == nil {
 		return nil, nil, errdefs.NotFoundf("pod %s/%s does not run on node %s", namespace, name, pr.d.cfg.NodeName)
 	}
@@ -278,7 +305,7 @@ func (pr *provider) PortForward(ctx context.Context, namespace, name string, por
 	}
 	p.mu.Lock()
 	var nsPath string
-	if p.sb != nil && p.sb.netns != nil {
+	if p.sb != nil && p.sb.usable() {
 		nsPath = p.sb.netnsPath
 	}
 	p.mu.Unlock()

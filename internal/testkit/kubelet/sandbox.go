@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -30,6 +32,13 @@ const NetNSDir = "/var/run/netns"
 // sandbox is what the containers of a pod share: network and UTS namespaces and a root
 // filesystem.
 type sandbox struct {
+	// mu is held for reading while a process is forked into the sandbox, and for writing while
+	// it is torn down: a fork never sees a closed namespace file or a half-unmounted rootfs.
+	mu            sync.RWMutex
+	released      bool // no process may start any more
+	netnsRemoved  bool
+	rootfsRemoved bool
+	// The fields below do not change once the sandbox is shared.
 	hostNetwork bool
 	netnsName   string   // under NetNSDir; empty for hostNetwork pods
 	netnsPath   string   // the pod's netns, or the node's for hostNetwork pods
@@ -67,6 +76,14 @@ func newNamespaces(name, hostname string) (netnsFile, utsFile *os.File, err erro
 		}
 		path = filepath.Join(NetNSDir, name)
 		f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+		if errors.Is(err, os.ErrExist) {
+			// The name carries the pod's UID: this one is left from a daemon that did not stop
+			// (crashed) while running the same pod.
+			if err := removeNetNS(path); err != nil {
+				return nil, nil, fmt.Errorf("removing a stale netns of the same pod: %w", err)
+			}
+			f, err = os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("creating the netns file: %w", err)
 		}
@@ -165,8 +182,8 @@ var hostDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/l
 
 // mountRootfs builds the pod's root filesystem at dir: a small tmpfs, made private so that
 // nothing mounted below it propagates anywhere, holding the mount points of read-only binds of
-// hostDirs, /proc, /sys (read-only) and /dev of the host, a writable tmpfs /tmp, the agnhost
-// binary at /agnhost and the pod's /etc/hosts. Everything hangs below one mount: a lazy unmount
+// hostDirs, /sys and /dev, a bind of /proc, writable tmpfs /tmp and /dev/shm of the pod's own,
+// the agnhost binary at /agnhost and the pod's /etc/hosts. Everything hangs below one mount: a lazy unmount
 // of dir takes all of it away.
 func mountRootfs(dir, agnhost, hostsFile string) (err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -252,9 +269,17 @@ func mountRootfs(dir, agnhost, hostsFile string) (err error) {
 	for _, m := range []struct {
 		src      string
 		readOnly bool
-	}{{"/proc", false}, {"/sys", true}, {"/dev", false}} {
+	}{{"/proc", false}, {"/sys", true}, {"/dev", true}} {
+		// /dev read-only still lets processes write to devices (the flag guards only regular
+		// files and directories), and keeps the host's device nodes out of any delete.
 		if err := bind(m.src, m.src, m.readOnly); err != nil {
 			return err
+		}
+	}
+	// The host's /dev/shm came with /dev: each pod gets its own.
+	if fi, err := os.Stat(filepath.Join(dir, "dev", "shm")); err == nil && fi.IsDir() {
+		if err := unix.Mount("shm", filepath.Join(dir, "dev", "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64m,mode=1777"); err != nil {
+			return fmt.Errorf("mounting /dev/shm: %w", err)
 		}
 	}
 	for _, d := range []string{"tmp", "root", "run", "var/tmp"} {
@@ -436,4 +461,27 @@ func (d *Daemon) cniDel(ctx context.Context, rt *libcni.RuntimeConf) error {
 	return ns.WithNetNSPath(d.cfg.NodeNetNS, func(ns.NetNS) error {
 		return d.cni.DelNetworkList(ctx, d.cniList, rt)
 	})
+}
+
+var errSandboxGone = errors.New("the pod's sandbox is gone")
+
+// start starts cmd in the sandbox: its namespaces, chrooted in its root filesystem.
+func (sb *sandbox) start(s *spawner, cmd *exec.Cmd) error {
+	sb.mu.RLock()
+	defer sb.mu.RUnlock()
+	if sb.released || sb.netns == nil || sb.uts == nil {
+		return errSandboxGone
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &unix.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Chroot = sb.rootfs
+	return s.start(sb.netns, sb.uts, cmd)
+}
+
+// usable tells whether processes can still be started in the sandbox.
+func (sb *sandbox) usable() bool {
+	sb.mu.RLock()
+	defer sb.mu.RUnlock()
+	return !sb.released
 }

@@ -101,6 +101,10 @@ func (s *spawner) start(netns, uts *os.File, cmd *exec.Cmd) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &unix.SysProcAttr{}
 	}
+	if cmd.SysProcAttr.Chroot == "" {
+		// Without it the process would run in the host's root: never.
+		return errors.New("spawner: no root filesystem to chroot into")
+	}
 	cmd.SysProcAttr.Pdeathsig = unix.SIGKILL
 	req := spawnReq{netns: netns, uts: uts, cmd: cmd, result: make(chan error, 1)}
 	s.mu.RLock()
