@@ -42,15 +42,19 @@ func backends() []string {
 func startCluster(t *testing.T, backend string) *minicluster.Cluster {
 	t.Helper()
 	agent, _ := simnode.AgentBinary()
-	mode := kubeproxy.NFTables
-	if backend == "iptables" {
-		mode = kubeproxy.IPTables
-	}
 	cni := upstreamCNI(t)
 	return minicluster.Start(t, minicluster.Options{
-		Nodes: 2, Backend: backend, ProxyMode: mode, AgentBin: agent,
+		Nodes: 2, Backend: backend, ProxyMode: modeOf(backend), AgentBin: agent,
 		CNIBinDirs: []string{cni, filepath.Dir(agent)},
 	})
+}
+
+// modeOf is the kube-proxy mode of the kernel interface the backend programs.
+func modeOf(backend string) kubeproxy.Mode {
+	if backend == "iptables" {
+		return kubeproxy.IPTables
+	}
+	return kubeproxy.NFTables
 }
 
 var (

@@ -161,7 +161,7 @@ func start(t kubetest.TB, opts Options) (*Cluster, error) {
 	if c.ul, err = newUnderlay(c.id); err != nil {
 		return nil, err
 	}
-	if c.egress, err = startEgressProxy(socket, c.dialUnderlay); err != nil {
+	if c.egress, err = startEgressProxy(socket, c.DialUnderlay); err != nil {
 		return nil, err
 	}
 	c.Kubeconfig = filepath.Join(c.dir, "kubeconfig")
@@ -331,8 +331,9 @@ func (c *Cluster) Node(name string) *Node {
 	return nil
 }
 
-// dialUnderlay dials addr from the underlay namespace (the egress proxy's way to the kubelets).
-func (c *Cluster) dialUnderlay(ctx context.Context, addr string) (net.Conn, error) {
+// DialUnderlay dials addr (TCP) from the underlay namespace: the egress proxy's way to the
+// kubelets, and a client outside every node (for NodePorts).
+func (c *Cluster) DialUnderlay(ctx context.Context, addr string) (net.Conn, error) {
 	var conn net.Conn
 	err := c.ul.ns.do(func() error {
 		var d net.Dialer
