@@ -52,12 +52,18 @@ func TestServicePaths(t *testing.T) {
 				name, node string
 				host       bool
 			}{{"s1", "node-1", false}, {"s2", "node-2", false}, {"c1", "node-1", false}, {"c2", "node-2", false}, {"h", "node-1", true}} {
-				mustCreate(t, func() error { _, err := c.Client.CoreV1().Pods(ns).Create(ctx, serverPod(p.name, p.node, p.host), metav1.CreateOptions{}); return err })
+				mustCreate(t, func() error {
+					_, err := c.Client.CoreV1().Pods(ns).Create(ctx, serverPod(p.name, p.node, p.host), metav1.CreateOptions{})
+					return err
+				})
 				port := servePort
 				if p.host {
 					port = hostNetPort
 				}
-				mustCreate(t, func() error { _, err := c.Client.CoreV1().Services(ns).Create(ctx, service(p.name, port, ""), metav1.CreateOptions{}); return err })
+				mustCreate(t, func() error {
+					_, err := c.Client.CoreV1().Services(ns).Create(ctx, service(p.name, port, ""), metav1.CreateOptions{})
+					return err
+				})
 			}
 			for _, etp := range []corev1.ServiceExternalTrafficPolicy{corev1.ServiceExternalTrafficPolicyCluster, corev1.ServiceExternalTrafficPolicyLocal} {
 				mustCreate(t, func() error {
