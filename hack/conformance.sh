@@ -4,6 +4,10 @@
 # published (go test -c), at the version pinned by the separate build-only module hack/conformance
 # (go.mod and go.sum are committed), with the Kubernetes libraries at the product's version.
 #
+#   KUBECONFIG=... hack/conformance.sh nosctp [ARG...]
+#                                      a diagnostic run for kernels without SCTP, not conformance:
+#                                      the same tests, the suite's manifests without their SCTP
+#                                      server containers (hack/conformance/nosctp)
 #   hack/conformance.sh build          compile only; the last line on stdout is the directory that
 #                                      holds npapi-conformance.test
 #   KUBECONFIG=... hack/conformance.sh [ARG...]
@@ -110,6 +114,18 @@ if [ ! -r "${KUBECONFIG%%:*}" ]; then
   log "KUBECONFIG names ${KUBECONFIG%%:*}, which cannot be read"
   exit 2
 fi
+# nosctp: the diagnostic run for kernels without SCTP (hack/conformance/nosctp): the same tests
+# with the suite's manifests minus their SCTP server containers; no report is written.
+if [ "${1:-}" = nosctp ]; then
+  shift
+  mkdir -p "$out"
+  log "compiling the no-SCTP diagnostic run of $pkg $npapi_version into $out"
+  (cd "$mod" && rm -rf nosctp/base nosctp/tests &&
+    GOFLAGS="-mod=mod -buildvcs=false" GOWORK=off "$GO" run ./nosctp/gen nosctp &&
+    GOFLAGS="-mod=mod -buildvcs=false" GOWORK=off CGO_ENABLED=0 "$GO" test -c -vet=off -trimpath -o "$out/npapi-nosctp.test" ./nosctp >&2)
+  exec "$out/npapi-nosctp.test" -test.v -test.timeout 30m -test.run '^TestConformanceWithoutSCTPServers$' "$@"
+fi
+
 build
 
 version=${NETWARDEN_VERSION:-$(git -C "$root" describe --tags --always --dirty 2>/dev/null || echo unknown)}

@@ -90,3 +90,89 @@ func goTestResults(out, prefix string) (passed, failed, skipped []string) {
 	}
 	return passed, failed, skipped
 }
+
+// TestNetworkPolicyAPIWithoutSCTP is the diagnostic run of the network-policy-api conformance
+// tests for a kernel without SCTP (hack/conformance.sh nosctp): the suite's tests, unmodified,
+// with its manifests minus the SCTP server containers, so that its pods become Ready. It is not
+// conformance and writes no report. A test whose last failing probe is SCTP is counted as
+// blocked by the kernel; any other failure is a fault. make conformance runs it where the
+// kernel lacks SCTP (NETWARDEN_NPAPI_NOSCTP=1 runs it alone).
+func TestNetworkPolicyAPIWithoutSCTP(t *testing.T) {
+	requireCluster(t)
+	if kernelHasSCTP() {
+		t.Skip("this kernel has SCTP: TestNetworkPolicyAPIConformance runs the suite itself")
+	}
+	if !full() && os.Getenv("NETWARDEN_NPAPI_NOSCTP") == "" {
+		t.Skip("skipping the network-policy-api diagnostic run (10 minutes): make conformance runs it")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, backend := range backends() {
+		t.Run(backend, func(t *testing.T) {
+			c := startCluster(t, backend)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
+			began := time.Now()
+			cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "conformance.sh"), "nosctp")
+			cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig)
+			out, runErr := cmd.CombinedOutput()
+			took := time.Since(began)
+			logPath := filepath.Join(os.TempDir(), "netwarden-npapi-nosctp-"+backend+".log")
+			os.WriteFile(logPath, out, 0o644)
+			const prefix = "TestConformanceWithoutSCTPServers/"
+			passed, failed, _ := goTestResults(string(out), prefix)
+			var blocked, faults []string
+			for _, name := range failed {
+				if proto := lastFailedProbe(string(out), prefix+name); proto == "sctp" {
+					blocked = append(blocked, name)
+				} else {
+					faults = append(faults, name)
+				}
+			}
+			addSummary("network-policy-api v0.3.0 without SCTP (diagnostic)", backend, len(passed), len(faults), len(blocked), took)
+			t.Logf("network-policy-api tests without SCTP servers on %s: %d passed, %d failed, %d blocked at an SCTP probe %v, in %v; log %s",
+				backend, len(passed), len(faults), len(blocked), blocked, took.Round(time.Second), logPath)
+			for _, f := range faults {
+				t.Errorf("FAILED: %s (its last failing probe: %q)", f, lastFailedProbe(string(out), prefix+f))
+			}
+			if runErr != nil && len(failed) == 0 {
+				t.Errorf("hack/conformance.sh nosctp: %v; log %s:\n%s", runErr, logPath, tail(string(out), 8000))
+			}
+			if len(passed) == 0 {
+				t.Errorf("no test passed; log %s", logPath)
+			}
+		})
+	}
+}
+
+var failedProbe = regexp.MustCompile(`FAILED Command was \[?/agnhost connect .*--protocol=(\w+)`)
+
+// lastFailedProbe is the protocol of the last probe the test logged as failed, "" if none.
+func lastFailedProbe(out, test string) string {
+	start := strings.Index(out, "=== RUN   "+test+"\n")
+	if start < 0 {
+		return ""
+	}
+	// Its output runs until a test that is not one of its subtests starts (go test -v prints
+	// the subtests' results at the end of the run).
+	section := out[start+len("=== RUN   "):]
+	for off := 0; ; {
+		next := strings.Index(section[off:], "=== RUN   ")
+		if next < 0 {
+			break
+		}
+		name := section[off+next+len("=== RUN   "):]
+		if !strings.HasPrefix(name, test+"/") {
+			section = section[:off+next]
+			break
+		}
+		off += next + len("=== RUN   ")
+	}
+	m := failedProbe.FindAllStringSubmatch(section, -1)
+	if len(m) == 0 {
+		return ""
+	}
+	return strings.ToLower(m[len(m)-1][1])
+}
