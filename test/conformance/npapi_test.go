@@ -43,15 +43,8 @@ func TestNetworkPolicyAPIConformance(t *testing.T) {
 			if !full() {
 				args = []string{"-all-features=false", "-supported-features=ClusterNetworkPolicy"}
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-			defer cancel()
-			began := time.Now()
-			cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "conformance.sh"), args...)
-			cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig, "NPAPI_REPORT="+report)
-			out, runErr := cmd.CombinedOutput()
-			took := time.Since(began)
-			logPath := filepath.Join(os.TempDir(), "netwarden-npapi-"+backend+".log")
-			os.WriteFile(logPath, out, 0o644)
+			r := runConformanceScript(t, root, c.Kubeconfig, "netwarden-npapi-"+backend+".log", []string{"NPAPI_REPORT=" + report}, args...)
+			out, runErr, took, logPath := r.out, r.err, r.took, r.logPath
 			passed, failed, skipped := goTestResults(string(out), "TestConformanceProfiles/")
 			addSummary("network-policy-api v0.3.0 conformance", backend, len(passed), len(failed), len(skipped), took)
 			t.Logf("network-policy-api conformance on %s: %d passed, %d failed, %d skipped in %v; log %s",
@@ -67,6 +60,32 @@ func TestNetworkPolicyAPIConformance(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runConformanceScript runs hack/conformance.sh against the cluster of kubeconfig (within an
+// hour) and keeps its output in logName under the temporary directory, for the failure report.
+func runConformanceScript(t *testing.T, root, kubeconfig, logName string, env []string, args ...string) scriptRun {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	began := time.Now()
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "conformance.sh"), args...)
+	cmd.Env = append(append(os.Environ(), "KUBECONFIG="+kubeconfig), env...)
+	r := scriptRun{logPath: filepath.Join(os.TempDir(), logName)}
+	r.out, r.err = cmd.CombinedOutput()
+	r.took = time.Since(began)
+	if err := os.WriteFile(r.logPath, r.out, 0o644); err != nil {
+		t.Logf("keeping the output: %v", err)
+	}
+	return r
+}
+
+// scriptRun is what a run of hack/conformance.sh gave.
+type scriptRun struct {
+	out     []byte
+	err     error
+	took    time.Duration
+	logPath string
 }
 
 var goTestResult = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): (\S+)`)
@@ -112,15 +131,8 @@ func TestNetworkPolicyAPIWithoutSCTP(t *testing.T) {
 	for _, backend := range backends() {
 		t.Run(backend, func(t *testing.T) {
 			c := startCluster(t, backend)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-			defer cancel()
-			began := time.Now()
-			cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "conformance.sh"), "nosctp")
-			cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig)
-			out, runErr := cmd.CombinedOutput()
-			took := time.Since(began)
-			logPath := filepath.Join(os.TempDir(), "netwarden-npapi-nosctp-"+backend+".log")
-			os.WriteFile(logPath, out, 0o644)
+			r := runConformanceScript(t, root, c.Kubeconfig, "netwarden-npapi-nosctp-"+backend+".log", nil, "nosctp")
+			out, runErr, took, logPath := r.out, r.err, r.took, r.logPath
 			const prefix = "TestConformanceWithoutSCTPServers/"
 			passed, failed, _ := goTestResults(string(out), prefix)
 			var blocked, faults []string

@@ -130,13 +130,7 @@ func (p *podState) runInstance(c *container) (code int, startErr error) {
 	if sb == nil {
 		return 0, errors.New("the pod's sandbox is gone")
 	}
-	var podIPs, hostIPs []string
-	for _, ip := range sb.ips {
-		podIPs = append(podIPs, ip.String())
-	}
-	for _, ip := range p.d.cfg.NodeIPs {
-		hostIPs = append(hostIPs, ip.String())
-	}
+	podIPs, hostIPs := p.addresses(sb)
 	ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
 	env, err := resolveEnv(ctx, p.d.cfg.Client, pod, &c.spec, podIPs, hostIPs)
 	cancel()

@@ -36,6 +36,7 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 
 	"github.com/netwarden/netwarden/internal/testkit/kubetest"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // Addresses inside the namespaces the tests make (private ranges, never routed outside them).
@@ -200,7 +201,7 @@ func newTestNetNS(t *testing.T, addr netip.Prefix) string {
 	uts.Close()
 	path := filepath.Join(NetNSDir, name)
 	t.Cleanup(func() {
-		if err := removeNetNS(path); err != nil {
+		if err := testbed.RemoveNetNSMount(path); err != nil {
 			t.Errorf("removing the node netns: %v", err)
 		}
 	})

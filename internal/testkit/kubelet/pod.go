@@ -15,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // Restart back-off of crashed containers: shorter than the kubelet's (10 s doubling to 5 min)
@@ -279,13 +281,7 @@ func (p *podState) setupSandbox() (err error) {
 	if err := os.WriteFile(hostsFile, []byte(hosts), 0o644); err != nil {
 		return err
 	}
-	var podIPs, hostIPs []string
-	for _, ip := range sb.ips {
-		podIPs = append(podIPs, ip.String())
-	}
-	for _, ip := range p.d.cfg.NodeIPs {
-		hostIPs = append(hostIPs, ip.String())
-	}
+	podIPs, hostIPs := p.addresses(sb)
 	vctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
 	volumes, err := p.prepareVolumes(vctx, pod, podIPs, hostIPs)
 	cancel()
@@ -345,7 +341,7 @@ func (d *Daemon) teardownSandbox(sb *sandbox) error {
 		sb.netns = nil
 	}
 	if sb.netnsName != "" && !sb.netnsRemoved {
-		if err := removeNetNS(filepath.Join(NetNSDir, sb.netnsName)); err != nil {
+		if err := testbed.RemoveNetNSMount(filepath.Join(NetNSDir, sb.netnsName)); err != nil {
 			errs = append(errs, err)
 		} else {
 			sb.netnsRemoved = true
@@ -517,4 +513,15 @@ func (p *podState) deleteFromAPI() {
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		p.logf("deleting the pod object: %v", err)
 	}
+}
+
+// addresses are the pod's IPs and its node's, as the downward API and env give them.
+func (p *podState) addresses(sb *sandbox) (podIPs, hostIPs []string) {
+	for _, ip := range sb.ips {
+		podIPs = append(podIPs, ip.String())
+	}
+	for _, ip := range p.d.cfg.NodeIPs {
+		hostIPs = append(hostIPs, ip.String())
+	}
+	return podIPs, hostIPs
 }

@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -24,10 +23,12 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // NetNSDir is where pod network namespaces are named (as `ip netns` names them).
-const NetNSDir = "/var/run/netns"
+const NetNSDir = testbed.NetNSDir
 
 // sandbox is what the containers of a pod share: network and UTS namespaces and a root
 // filesystem.
@@ -79,7 +80,7 @@ func newNamespaces(name, hostname string) (netnsFile, utsFile *os.File, err erro
 		if errors.Is(err, os.ErrExist) {
 			// The name carries the pod's UID: this one is left from a daemon that did not stop
 			// (crashed) while running the same pod.
-			if err := removeNetNS(path); err != nil {
+			if err := testbed.RemoveNetNSMount(path); err != nil {
 				return nil, nil, fmt.Errorf("removing a stale netns of the same pod: %w", err)
 			}
 			f, err = os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
@@ -128,37 +129,11 @@ func newNamespaces(name, hostname string) (netnsFile, utsFile *os.File, err erro
 			r.uts.Close()
 		}
 		if path != "" {
-			_ = removeNetNS(path)
+			_ = testbed.RemoveNetNSMount(path)
 		}
 		return nil, nil, r.err
 	}
 	return netnsFile, r.uts, nil
-}
-
-// removeNetNS detaches the netns bind mount at p and removes the file. The unmount is lazy: a
-// short-lived process that entered the namespace (a CNI plugin, ip netns exec) may still hold
-// a copy of the mount. Missing files are not an error.
-func removeNetNS(p string) error {
-	for attempt := 1; ; attempt++ {
-		for {
-			err := unix.Unmount(p, unix.MNT_DETACH)
-			if err == nil {
-				continue // stacked mounts: take each off
-			}
-			if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("unmount %s: %w", p, err)
-			}
-			break
-		}
-		err := os.Remove(p)
-		switch {
-		case err == nil || errors.Is(err, os.ErrNotExist):
-			return nil
-		case !errors.Is(err, unix.EBUSY) || attempt == 5:
-			return fmt.Errorf("remove %s: %w", p, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // setLoopbackUp brings lo up in the pod's namespace, as a runtime's loopback CNI call would.

@@ -45,6 +45,7 @@ import (
 	"github.com/netwarden/netwarden/internal/testkit/kubelet"
 	"github.com/netwarden/netwarden/internal/testkit/kubeproxy"
 	"github.com/netwarden/netwarden/internal/testkit/kubetest"
+	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
 
 // Options configure a cluster. Zero values get the defaults noted.
@@ -81,7 +82,7 @@ type Cluster struct {
 	id        string
 	dir       string
 	ul        *underlay
-	egress    *egressProxy
+	egress    *testbed.Forwarder
 	kcm       *component
 	scheduler *component
 }
@@ -191,26 +192,23 @@ func start(t kubetest.TB, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	for k := range opts.Nodes {
-		n, err := c.addNode(k, token, masq)
-		if err != nil {
+		if err := c.addNode(k, token, masq); err != nil {
 			return nil, err
 		}
-		c.Nodes = append(c.Nodes, n)
 	}
 	return c, c.waitReady()
 }
 
-// addNode creates node k and starts its components: netwarden first, so that the gate has an
-// agent to ask when the first pod comes; the node daemon last, as its Node makes the node
-// schedulable.
-func (c *Cluster) addNode(k int, agentToken string, masq []byte) (*Node, error) {
+// addNode creates node k, adds it to c.Nodes (whose teardown undoes what was made of it, if
+// a step fails) and starts its components: netwarden first, so that the gate has an agent to
+// ask when the first pod comes; the node daemon last, as its Node makes the node schedulable.
+func (c *Cluster) addNode(k int, agentToken string, masq []byte) error {
 	name := fmt.Sprintf("node-%d", k+1)
 	n := &Node{Name: name, IP: nodeUnderlayIP(k), PodCIDR: nodePodCIDR(k), Dir: filepath.Join(c.dir, name)}
 	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
-		return nil, err
+		return err
 	}
-	var err error
-	n.ns, err = newNetNS(c.id+"-"+name, map[string]string{
+	ns, err := newNetNS(c.id+"-"+name, map[string]string{
 		"net.ipv4.ip_forward":                 "1",
 		"net.ipv4.conf.all.rp_filter":         "0",
 		"net.ipv4.conf.default.rp_filter":     "0",
@@ -218,38 +216,38 @@ func (c *Cluster) addNode(k int, agentToken string, masq []byte) (*Node, error) 
 		"net.bridge.bridge-nf-call-ip6tables": "1",
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	c.Nodes = append(c.Nodes, n) // for teardown, whatever fails next
-	defer func() { c.Nodes = c.Nodes[:len(c.Nodes)-1] }()
+	n.ns = ns
+	c.Nodes = append(c.Nodes, n)
 	if err := c.ul.attach(n.ns, k, c.opts.Nodes); err != nil {
-		return nil, err
+		return err
 	}
 	if n.apiFwd, err = n.Forward("127.0.0.1:0", strings.TrimPrefix(c.Server.URL, "https://")); err != nil {
-		return nil, err
+		return err
 	}
 	agentKubeconfig := filepath.Join(n.Dir, "netwarden.kubeconfig")
 	if err := c.writeKubeconfig(agentKubeconfig, "https://"+n.apiFwd.Addr().String(), agentToken); err != nil {
-		return nil, err
+		return err
 	}
 	if err := n.startAgent(c.opts.AgentBin, agentKubeconfig, c.opts.Backend, masq); err != nil {
-		return nil, err
+		return err
 	}
 	n.proxy = kubeproxy.New(c.t, kubeproxy.Options{Node: n, NodeName: name, Server: c.Server, Mode: c.opts.ProxyMode,
 		ClusterCIDRs: []netip.Prefix{ClusterCIDR}, BinDir: c.opts.BinDir})
 	if err := n.proxy.Start(); err != nil {
-		return nil, err
+		return err
 	}
 	conflist, err := n.cniConfList()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := n.ns.do(func() error {
 		var err error
 		n.kubeLn, err = net.Listen("tcp", net.JoinHostPort(n.IP.String(), "10250"))
 		return err
 	}); err != nil {
-		return nil, fmt.Errorf("kubelet API of %s: %w", name, err)
+		return fmt.Errorf("kubelet API of %s: %w", name, err)
 	}
 	n.kubelet, err = kubelet.Start(context.Background(), kubelet.Config{
 		NodeName:    name,
@@ -265,9 +263,9 @@ func (c *Cluster) addNode(k int, agentToken string, masq []byte) (*Node, error) 
 		Logf:        func(format string, args ...any) { c.t.Logf("kubelet %s: "+format, append([]any{name}, args...)...) },
 	})
 	if err != nil {
-		return nil, fmt.Errorf("node daemon of %s: %w", name, err)
+		return fmt.Errorf("node daemon of %s: %w", name, err)
 	}
-	return n, nil
+	return nil
 }
 
 // waitReady waits until every Node is Ready, and netwarden and kube-proxy are ready on it.

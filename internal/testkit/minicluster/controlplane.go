@@ -49,6 +49,12 @@ func startComponent(name, bin string, args []string) (*component, error) {
 // service accounts and garbage collection. Node CIDRs are not allocated by it: each node comes
 // with its own (see nodePodCIDR), as the node daemon registers it.
 func startControllerManager(binDir, kubeconfig string, srv *kubetest.Server) (*component, error) {
+	// The root CA it publishes in every namespace (kube-root-ca.crt) is the one that verifies
+	// the API server.
+	caFile := filepath.Join(srv.Dir, "ca.crt")
+	if err := os.WriteFile(caFile, srv.CACert, 0o644); err != nil {
+		return nil, err
+	}
 	return startComponent("kube-controller-manager", filepath.Join(binDir, "kube-controller-manager"), []string{
 		"--kubeconfig=" + kubeconfig,
 		"--leader-elect=false",
@@ -56,7 +62,7 @@ func startControllerManager(binDir, kubeconfig string, srv *kubetest.Server) (*c
 		"--controllers=*",
 		"--use-service-account-credentials=false",
 		"--service-account-private-key-file=" + filepath.Join(srv.Dir, "sa.key"),
-		"--root-ca-file=" + writeFileOnce(filepath.Join(srv.Dir, "ca.crt"), srv.CACert),
+		"--root-ca-file=" + caFile,
 		"--cluster-cidr=" + ClusterCIDR.String(),
 		"--allocate-node-cidrs=false",
 		"--service-cluster-ip-range=" + kubetest.ServiceClusterIPRange,
@@ -80,12 +86,6 @@ func startScheduler(binDir, kubeconfig string) (*component, error) {
 		"--profiling=false",
 		"--v=1",
 	})
-}
-
-// writeFileOnce writes data to path and returns path (for a flag's value).
-func writeFileOnce(path string, data []byte) string {
-	_ = os.WriteFile(path, data, 0o644)
-	return path
 }
 
 func freePort() int {

@@ -9,8 +9,8 @@ import (
 )
 
 // Forwarder is a TCP listener inside a node's netns whose connections are relayed to the same
-// address in the caller's (the test process's) network namespace. Close stops it and cuts the
-// connections it relays.
+// address in the caller's (the test process's) network namespace, or any listener served by
+// Relay. Close stops it and cuts the connections it relays.
 type Forwarder struct {
 	ln    net.Listener
 	mu    sync.Mutex
@@ -43,6 +43,17 @@ func NewForwarder(inNetNS func(func() error) error, nsName, listen, target strin
 	}); err != nil {
 		return nil, fmt.Errorf("testbed: listening on %s in %s: %w", listen, nsName, err)
 	}
+	return Relay(ln, func(in net.Conn) (io.Reader, net.Conn, error) {
+		out, err := net.DialTimeout("tcp", target, 5*time.Second)
+		return in, out, err
+	}), nil
+}
+
+// Relay serves ln: for each connection accepted, connect opens the connection to relay it to
+// (and says what to read from the accepted one: the connection itself, or a reader that has
+// buffered the start of it), then the two are copied both ways until either side ends. A
+// connect error closes the accepted connection. Close stops it.
+func Relay(ln net.Listener, connect func(in net.Conn) (io.Reader, net.Conn, error)) *Forwarder {
 	f := &Forwarder{ln: ln, conns: map[net.Conn]struct{}{}}
 	f.wg.Add(1)
 	go func() {
@@ -60,7 +71,7 @@ func NewForwarder(inNetNS func(func() error) error, nsName, listen, target strin
 			go func() {
 				defer f.wg.Done()
 				defer f.untrack(in)
-				out, err := net.DialTimeout("tcp", target, 5*time.Second)
+				src, out, err := connect(in)
 				if err != nil {
 					in.Close()
 					return
@@ -72,7 +83,7 @@ func NewForwarder(inNetNS func(func() error) error, nsName, listen, target strin
 				}
 				defer f.untrack(out)
 				done := make(chan struct{}, 2)
-				go func() { io.Copy(out, in); done <- struct{}{} }()
+				go func() { io.Copy(out, src); done <- struct{}{} }()
 				go func() { io.Copy(in, out); done <- struct{}{} }()
 				<-done
 				in.Close()
@@ -81,7 +92,7 @@ func NewForwarder(inNetNS func(func() error) error, nsName, listen, target strin
 			}()
 		}
 	}()
-	return f, nil
+	return f
 }
 
 // Addr is the address the forwarder listens on inside the node netns.
