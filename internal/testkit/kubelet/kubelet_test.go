@@ -730,15 +730,20 @@ func TestKubelet(t *testing.T) {
 			if took < 2*time.Second {
 				t.Errorf("gone after %v, before the grace period", took)
 			}
-			if _, err := os.Stat(filepath.Join(NetNSDir, netnsName)); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("pod netns after deletion: %v", err)
-			}
-			if m, _ := mountsBelow(n.stateDir); len(m) > 0 {
-				t.Errorf("mounts after deletion: %v", m)
-			}
-			if entries, _ := os.ReadDir(filepath.Join(n.stateDir, "pods")); len(entries) > 0 {
-				t.Errorf("pod dirs after deletion: %v", entries)
-			}
+			// virtual-kubelet force-deletes the object itself at the end of the grace period,
+			// which can come before the daemon's teardown has finished: wait for it.
+			eventually(t, 10*time.Second, "teardown after deletion", func() error {
+				if _, err := os.Stat(filepath.Join(NetNSDir, netnsName)); !errors.Is(err, os.ErrNotExist) {
+					return fmt.Errorf("pod netns after deletion: %v", err)
+				}
+				if m, _ := mountsBelow(n.stateDir); len(m) > 0 {
+					return fmt.Errorf("mounts after deletion: %v", m)
+				}
+				if entries, _ := os.ReadDir(filepath.Join(n.stateDir, "pods")); len(entries) > 0 {
+					return fmt.Errorf("pod dirs after deletion: %v", entries)
+				}
+				return nil
+			})
 			ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 			defer cancel()
 			if conn, err := dialIn(ctx, n.netnsPath, addr80); err == nil {

@@ -480,9 +480,8 @@ func (p *podState) kill(grace time.Duration, deleteFromAPI bool) error {
 		p.killContainers(grace)
 		err = p.releaseSandbox()
 		p.sendStatus()
-		if deleteFromAPI {
-			p.deleteFromAPI()
-		}
+		// The directory goes before the object, so that a pod gone from the API server has
+		// left nothing on the node (as far as this daemon decides it).
 		if err == nil {
 			// Logs go with the pod. Never below a mount point: the rootfs is gone by now.
 			if m, merr := mountsBelow(p.dir); merr == nil && len(m) == 0 {
@@ -494,6 +493,9 @@ func (p *podState) kill(grace time.Duration, deleteFromAPI bool) error {
 			}
 		} else {
 			p.logf("releasing the sandbox: %v", err)
+		}
+		if deleteFromAPI {
+			p.deleteFromAPI()
 		}
 		close(p.gone)
 	})
