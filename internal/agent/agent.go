@@ -68,6 +68,10 @@ type NetworkPolicy struct {
 	// netwarden_policy_packets_total (backends that implement policy.PolicyCounters).
 	Counters bool
 
+	// Domains, when set, learns the addresses of domainNames peers (backends that implement
+	// policy.DomainLearning): see domains.go.
+	Domains *DomainNames
+
 	// Guard, DenyMark and GateSocket: see guarded.go.
 	Guard      guard.Guard
 	DenyMark   uint32
@@ -101,6 +105,8 @@ type Agent struct {
 	// ipvs follows kube-proxy's IPVS interface (see ipvs.go).
 	ipvs ipvsWatch
 	guarded
+	// domains learns domainNames peers' addresses; nil without.
+	domains *domainLearning
 }
 
 // New returns an Agent; call Run or Once.
@@ -140,6 +146,7 @@ func New(cfg Config) *Agent {
 		if a.np.GateSocket != "" {
 			a.gate = newGateState()
 		}
+		a.domains = newDomainLearning(a)
 	}
 	if cfg.Masquerade != nil {
 		a.masq = newMasqLoop(a, cfg.Masquerade)
@@ -262,6 +269,7 @@ func (a *Agent) policyOnce(ctx context.Context) error {
 		return nil
 	}
 	st := a.cfg.Source.Snapshot()
+	a.domains.restore(a)
 	start := time.Now()
 	rs, stats := a.compiler.Compile(st)
 	compiled := time.Now()
@@ -315,6 +323,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.drops = d
 		go d.run(ctx)
 		a.log.Info("reading logged packets", "for", what, "nflogGroup", cfg.Group, "rate", cfg.Rate, "burst", cfg.Burst)
+	}
+	if a.domains != nil {
+		a.domains.restore(a)
+		go a.domains.learner.Run(ctx)
 	}
 	srcErr := a.startSource(ctx)
 	if err := a.waitSynced(ctx, srcErr); err != nil {
@@ -389,7 +401,7 @@ func (a *Agent) guard() guard.Guard {
 func (a *Agent) verifyPolicy(ctx context.Context) error {
 	err := a.np.Backend.Verify(ctx)
 	if a.np.Guard == nil {
-		return err
+		return errors.Join(err, a.domains.verify())
 	}
 	// After the rules beside it drifted, the repair rewrites the guard whole without the cost
 	// of checking it first: a repair's latency is an open window.
@@ -399,7 +411,7 @@ func (a *Agent) verifyPolicy(ctx context.Context) error {
 	if err != nil {
 		a.np.Guard.Invalidate()
 	}
-	return err
+	return errors.Join(err, a.domains.verify())
 }
 
 // syncOnce is the NetworkPolicy loop's sync.
@@ -436,6 +448,9 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	}
 	applied := time.Now()
 	if err := a.afterSync(ctx, cst, rs); err != nil {
+		return err
+	}
+	if err := a.domains.update(cst, rs); err != nil {
 		return err
 	}
 	a.inSync = true

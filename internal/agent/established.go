@@ -79,6 +79,11 @@ const passSpacing = 4
 // rules changed; narrowed: some verdict may have gone from allow to deny (or the rules were
 // replaced whole, which says nothing of what came before).
 func (j *flowJudge) submit(rs *policy.Ruleset, gen uint64, changed, narrowed bool) {
+	if d := j.a.domains; d != nil && rs != nil && len(rs.DomainSets) > 0 {
+		// A flow to an address learned from DNS was admitted while it was learned; it stays
+		// up after the address expires (see domains.Config.History).
+		rs = rs.WithDomains(d.learner)
+	}
 	j.mu.Lock()
 	j.rs, j.gen = rs, gen
 	if j.enabled && (narrowed || changed && j.anyMarked) {

@@ -46,7 +46,11 @@ func (a *Agent) watchKernel(ctx context.Context) {
 		return out
 	}
 	if a.policy != nil {
-		feats = append(feats, watchedFeature{a.policy, tablesOf(a.np.Backend, a.np.Guard)})
+		parts := []any{a.np.Backend, a.np.Guard}
+		if a.domains != nil {
+			parts = append(parts, a.domains.learner)
+		}
+		feats = append(feats, watchedFeature{a.policy, tablesOf(parts...)})
 	}
 	if a.masq != nil {
 		feats = append(feats, watchedFeature{a.masq.loop, tablesOf(a.cfg.Masquerade.Backend)})

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/netwarden/netwarden/internal/backendchoice"
+	"github.com/netwarden/netwarden/internal/domains"
 	"github.com/netwarden/netwarden/internal/guard"
 	"github.com/netwarden/netwarden/internal/iptables"
 	"github.com/netwarden/netwarden/internal/kernel/xtables"
@@ -115,6 +116,11 @@ func cleanup(ctx context.Context, fs ...feature) error {
 	var errs []error
 	for _, f := range fs {
 		errs = append(errs, removeLeftovers(ctx, f, ""))
+		if f == networkPolicyRules {
+			// The learner of domain names' addresses queues DNS replies from tables of its
+			// own, whatever the backend: they go with the feature, not with a backend kind.
+			errs = append(errs, domains.Cleanup(ctx))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -181,6 +181,7 @@ func agentCmd() *cobra.Command {
 	var cpuProfile string
 	var resync, compactDelay time.Duration
 	var df dropFlags
+	var dnf domainFlags
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Watch the cluster and keep this node's kernel enforcing it",
@@ -210,6 +211,9 @@ func agentCmd() *cobra.Command {
 				return err
 			}
 			if np.StagedLog, err = df.stagedConfig(f.networkPolicy); err != nil {
+				return err
+			}
+			if np.Domains, err = dnf.config(); err != nil {
 				return err
 			}
 			if cpuProfile != "" {
@@ -264,6 +268,7 @@ func agentCmd() *cobra.Command {
 	mf.register(cmd)
 	df.register(cmd)
 	gf.register(cmd)
+	dnf.register(cmd)
 	cmd.Flags().BoolVar(&once, "once", false, "sync once; exit 0 when the kernel holds the desired state, non-zero otherwise")
 	cmd.Flags().StringVar(&healthAddr, "health-addr", "127.0.0.1:9491", "serve /healthz, /readyz, /status (what the kernel holds, as JSON) and /metrics on HOST:PORT or unix:PATH (empty disables)")
 	cmd.Flags().BoolVar(&profiling, "profiling", false, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ on --health-addr")

@@ -276,8 +276,16 @@ func judgeSide(out io.Writer, rulesetOf, stagedOf func(node string) *policy.Rule
 		return true, true
 	}
 	rs := rulesetOf(local.node)
-	j := rs.Judge(dir, localIP, peerIP, proto, port)
+	kernelRS := kc
+	if kc != nil && local.node != kc.node {
+		kernelRS = nil // the kernel at hand is not the one judging this direction
+	}
+	judged, domains := withKernelDomains(rs, kernelRS)
+	j := judged.Judge(dir, localIP, peerIP, proto, port)
 	fmt.Fprintf(out, "  %-8s %s\n", label, describe(j, local.name, peer.name, what))
+	if dir == policy.Egress {
+		domains(out)
+	}
 	staged = j.Allowed
 	if stagedOf != nil {
 		sj := stagedOf(local.node).Judge(dir, localIP, peerIP, proto, port)

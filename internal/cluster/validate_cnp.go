@@ -33,13 +33,12 @@ var cnpDomainName = regexp.MustCompile(`^(\*\.)?([a-zA-Z0-9]([-a-zA-Z0-9_]*[a-zA
 // API passed the CRD already, unless it is another version of it or was installed without
 // validation; objects from files passed nothing.
 //
-// Two things the CRD rejects are accepted, because the policy compiler has a meaning for them
-// that must not be lost:
+// One thing the CRD rejects is accepted, because the policy compiler has a meaning for it
+// that must not be lost (and one it accepts is refused: a domainNames peer in a rule whose
+// action is not Accept, which the API documents but does not check):
 //   - a peer with no field set: the CRD requires exactly one, so an empty peer is one whose field
 //     this version does not know (pruned by an older CRD, or newer than our API types). The
 //     compiler fails closed on it, as the API asks.
-//   - a peer of domainNames (validated, but not enforceable in the kernel): the compiler treats
-//     it as a peer of no known field.
 func ValidateClusterNetworkPolicy(cnp *npav1beta1.ClusterNetworkPolicy) field.ErrorList {
 	errs := validateClusterMeta(&cnp.ObjectMeta)
 	spec := &cnp.Spec
@@ -107,6 +106,10 @@ func ValidateClusterNetworkPolicy(cnp *npav1beta1.ClusterNetworkPolicy) field.Er
 				errs = append(errs, validateDomainNames(peer.DomainNames, pp.Child("domainNames"))...)
 			}
 			addressPeer = addressPeer || peer.Networks != nil || peer.Nodes != nil || peer.DomainNames != nil
+			if peer.DomainNames != nil && r.Action != npav1beta1.ClusterNetworkPolicyRuleActionAccept && r.Action != "" {
+				errs = append(errs, field.Invalid(pp.Child("domainNames"), r.Action,
+					"domainNames peers are allowed only in Accept rules (rule action is "+string(r.Action)+"); deny the rest in a rule after it"))
+			}
 		}
 		errs = append(errs, validateProtocols(r.Protocols, rp.Child("protocols"))...)
 		if addressPeer {

@@ -34,7 +34,7 @@ func validCNP() *npav1beta1.ClusterNetworkPolicy {
 				},
 			}},
 			Egress: []npav1beta1.ClusterNetworkPolicyEgressRule{
-				{Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny, To: []npav1beta1.ClusterNetworkPolicyEgressPeer{
+				{Action: npav1beta1.ClusterNetworkPolicyRuleActionAccept, To: []npav1beta1.ClusterNetworkPolicyEgressPeer{
 					{Networks: []npav1beta1.CIDR{"10.0.0.0/8", "fd00::/8", "192.0.2.1/32"}},
 					{Nodes: sel("role", "infra")},
 					{DomainNames: []npav1beta1.DomainName{"example.com", "*.example.org"}},
@@ -142,6 +142,10 @@ func TestValidateClusterNetworkPolicy(t *testing.T) {
 		}, []string{"spec.egress[0].to[0].networks: Too many: 26: must have at most 25 items"}},
 		{"bad domain name", func(c *npav1beta1.ClusterNetworkPolicy) { c.Spec.Egress[0].To[2].DomainNames[1] = "*example.org" },
 			[]string{`spec.egress[0].to[2].domainNames[1]: Invalid value: "*example.org"`}},
+		{"domainNames under Deny", func(c *npav1beta1.ClusterNetworkPolicy) {
+			c.Spec.Egress[0].Action = npav1beta1.ClusterNetworkPolicyRuleActionDeny
+		},
+			[]string{`spec.egress[0].to[2].domainNames: Invalid value: "Deny": domainNames peers are allowed only in Accept rules`}},
 		{"port 0 is no port", func(c *npav1beta1.ClusterNetworkPolicy) {
 			c.Spec.Ingress[0].Protocols[0].TCP.DestinationPort.Number = 0
 		}, []string{"spec.ingress[0].protocols[0].tcp.destinationPort: Required value: exactly one of number or range must be set"}},

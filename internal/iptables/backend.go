@@ -28,6 +28,8 @@ var families = [2]xtables.Family{xtables.IPv4, xtables.IPv6}
 type Backend struct {
 	run      *xtables.Runner
 	renderer Renderer
+	// learned holds what the DomainSets' learner needs (see learned.go).
+	learned learnedSets
 	// applied is what the kernel held after our last successful sync; nil forces the next
 	// sync to replace everything. When removals were deferred (see withDeferredRemovals) it
 	// holds them, and target is the rendering they lead to.
@@ -145,7 +147,9 @@ func (b *Backend) sync(ctx context.Context, want *Rendered) (dataplane.SyncResul
 			p, kernel = dp, k
 		}
 	}
-	err := b.applyPlan(ctx, p, kernel)
+	release := b.lockIfLearning(b.applied, kernel)
+	err := b.applyPlan(ctx, p, b.applied, kernel)
+	release(err == nil)
 	if err == nil {
 		b.staged.begin()
 		for fam, c := range p.chains {
@@ -172,9 +176,17 @@ func (b *Backend) Compact(ctx context.Context) (dataplane.SyncResult, error) {
 	return b.sync(ctx, b.target)
 }
 
-func (b *Backend) applyPlan(ctx context.Context, p *plan, want *Rendered) error {
-	if len(p.setsBefore) > 0 {
-		if err := xtables.IPSetRestore(ctx, p.setsBefore); err != nil {
+func (b *Backend) applyPlan(ctx context.Context, p *plan, old, want *Rendered) error {
+	before := p.setsBefore
+	for _, name := range slices.Sorted(maps.Keys(want.Sets)) {
+		if s := want.Sets[name]; s.domainSet != "" && old.Sets[name] == nil {
+			buf := bytes.NewBuffer(slices.Clone(before))
+			b.learnedAdds(buf, name, s)
+			before = buf.Bytes()
+		}
+	}
+	if len(before) > 0 {
+		if err := xtables.IPSetRestore(ctx, before); err != nil {
 			return err
 		}
 	}
@@ -201,11 +213,13 @@ func (b *Backend) applyPlan(ctx context.Context, p *plan, want *Rendered) error 
 // an earlier run left are removed, in the filter table (releases before the move to mangle)
 // and in the other iptables variant too. Other components' rules
 // are never touched.
-func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
-	res := dataplane.SyncResult{Full: true}
+func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (res dataplane.SyncResult, err error) {
+	res = dataplane.SyncResult{Full: true}
 	if want.err != nil {
 		return res, want.err
 	}
+	release := b.lockIfLearning(nil, want)
+	defer func() { release(err == nil) }()
 	b.applied = nil
 	b.staged.begin()
 	existing, err := xtables.IPSetNames(ctx)
@@ -222,6 +236,15 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 	}
 	for _, name := range slices.Sorted(maps.Keys(want.Sets)) {
 		s := want.Sets[name]
+		if s.domainSet != "" {
+			// What the learner wrote stays: an existing set keeps its members.
+			if !have[name] {
+				pre.WriteString(s.createLine(name) + "\n")
+				res.Operations++
+			}
+			b.learnedAdds(&pre, name, s)
+			continue
+		}
 		target := name
 		if have[name] {
 			target = swapSet

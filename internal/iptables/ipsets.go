@@ -17,6 +17,9 @@ import (
 type ipset struct {
 	typ string // hash:ip, hash:net or hash:ip,port
 	v6  bool
+	// domainSet names the DomainSet whose addresses the set holds: its members are the
+	// learner's (internal/domains), with timeouts, never a sync's, and not checked for drift.
+	domainSet string
 	setdelta.Content[bool]
 }
 
@@ -37,7 +40,11 @@ func (s *ipset) createLine(name string) string {
 	if s.typ == "hash:net" {
 		maxelem = max(maxelem, s.Count())
 	}
-	return fmt.Sprintf("create %s %s family %s hashsize %d maxelem %d", name, s.typ, fam, hashsize, maxelem)
+	line := fmt.Sprintf("create %s %s family %s hashsize %d maxelem %d", name, s.typ, fam, hashsize, maxelem)
+	if s.domainSet != "" {
+		line += " timeout 0 comment" // members carry their own timeouts and the answer behind them
+	}
+	return line
 }
 
 // maxSetElements is the maxelem of every set of pods: ipset refuses a member beyond it ("Hash
@@ -131,6 +138,11 @@ func (rd *Renderer) renderSets(r *Rendered, rs *policy.Ruleset) {
 			fam = v6
 		}
 		r.Sets[r.name(cidrSet(name, fam), name)] = s
+	}
+	for name := range rs.DomainSets {
+		for _, fam := range []int{v4, v6} {
+			r.Sets[r.name(domainSetName(name, fam), name)] = &ipset{typ: "hash:ip", v6: fam == v6, domainSet: name, Content: setdelta.Fixed[bool](nil)}
+		}
 	}
 	for name, ns := range rs.NamedPortSets {
 		proto := namedPortProto(name)

@@ -65,6 +65,9 @@ func podSet(name string, fam int) string { return SetPrefix + "p" + famDigit(fam
 func cidrSet(name string, fam int) string {
 	return SetPrefix + "c" + famDigit(fam) + "-" + hashOf(name)
 }
+func domainSetName(name string, fam int) string {
+	return SetPrefix + "d" + famDigit(fam) + "-" + hashOf(name)
+}
 func portSet(name string, fam int) string {
 	return SetPrefix + "n" + famDigit(fam) + "-" + hashOf(name)
 }

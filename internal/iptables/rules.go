@@ -71,6 +71,8 @@ func appendMatchLines(out *[2][]string, dir policy.Direction, peers []policy.Pee
 			parts = append(parts, "-m set --match-set "+podSet(m.Peer.AddrSet, fam)+" "+peerDir)
 		case m.Peer.CIDRSet != "":
 			parts = append(parts, "-m set --match-set "+cidrSet(m.Peer.CIDRSet, fam)+" "+peerDir)
+		case m.Peer.DomainSet != "":
+			parts = append(parts, "-m set --match-set "+domainSetName(m.Peer.DomainSet, fam)+" "+peerDir)
 		}
 		if m.Port.Protocol != "" {
 			switch {

@@ -20,8 +20,10 @@ type cnpRule struct {
 	peers   []any // the rule's ingress or egress peers
 	allPods bool  // a peer matches every pod (namespaces: {})
 	// failClosed: a peer the agent cannot match by its fields (none it knows is set: a newer
-	// API's peer, or domainNames) matches nothing in an Accept rule and everything in a Deny or
-	// Pass rule (policy.compileClusterRule), so no rule covers it, and it covers only as that.
+	// API's peer) matches nothing in an Accept rule and everything in a Deny or Pass rule
+	// (policy.compileClusterRule), so no rule covers it, and it covers only as that. A
+	// domainNames peer (Accept only) is treated alike: it admits addresses learned from DNS
+	// answers, which no check here can know, and never a pod by its labels.
 	failClosed bool
 	protocols  []npav1beta1.ClusterNetworkPolicyProtocol
 }

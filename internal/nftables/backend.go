@@ -13,7 +13,6 @@ import (
 
 	"github.com/netwarden/netwarden/internal/dataplane"
 	"github.com/netwarden/netwarden/internal/kernel/command"
-	"github.com/netwarden/netwarden/internal/kernel/nftjson"
 	"github.com/netwarden/netwarden/internal/kernel/nftnl"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/setdelta"
@@ -42,6 +41,8 @@ type Backend struct {
 	// records whether we changed the table after that listing.
 	verifiedHash string
 	syncedSince  bool
+	// learned holds what the DomainSets' learner needs (see learned.go).
+	learned learnedSets
 }
 
 // New connects to nftables in the current network namespace. It fails when nft is missing,
@@ -103,13 +104,15 @@ func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.S
 		}
 		var err error
 		ops := p.operations(want)
+		release := b.lockIfLearning(b.applied, want)
 		if b.netlink && p.netlinkable(want) {
-			err = applyNetlink(&b.conn, p, b.applied, want)
+			err = applyNetlink(&b.conn, p, b.applied, want, b.learnedOf)
 		} else {
 			tx := b.nft.NewTransaction()
-			p.writeTx(tx, b.applied, want)
+			p.writeTx(tx, b.applied, want, b.learnedOf)
 			err = command.Tracked("nft", func() error { return b.nft.Run(ctx, tx) })
 		}
+		release(err == nil)
 		if err == nil {
 			b.applied = want
 			b.syncedSince = true
@@ -125,7 +128,9 @@ func (b *Backend) SyncRendered(ctx context.Context, want *Rendered) (dataplane.S
 
 // FullSyncRendered atomically replaces the whole table with want. Established connections survive
 // because conntrack state does not live in the table.
-func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (dataplane.SyncResult, error) {
+func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (res dataplane.SyncResult, err error) {
+	release := b.lockIfLearning(nil, want)
+	defer func() { release(err == nil) }()
 	var fallback string
 	if b.netlink && fullNetlinkable(want) {
 		// Over netlink, nft's parse and evaluation of megabytes of text is saved (a third of
@@ -133,7 +138,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 		// What netlink cannot write (a range up to the highest address: nft marks it in
 		// element data) or a batch the kernel refuses goes through nft, which words the error.
 		p := diff(&Rendered{}, want)
-		err := applyNetlinkFull(&b.conn, p, want)
+		err := applyNetlinkFull(&b.conn, p, want, b.learnedOf)
 		if err == nil {
 			b.applied = want
 			b.syncedSince = true
@@ -145,6 +150,7 @@ func (b *Backend) FullSyncRendered(ctx context.Context, want *Rendered) (datapla
 	tx.Add(&knftables.Table{})
 	tx.Delete(&knftables.Table{})
 	writeFull(tx, want, true)
+	writeLearned(tx, want, b.learnedOf)
 	if err := command.Tracked("nft", func() error { return b.nft.Run(ctx, tx) }); err != nil {
 		b.applied = nil
 		return dataplane.SyncResult{Full: true, Fallback: fallback}, fmt.Errorf("nftables full sync: %w", err)
@@ -249,6 +255,9 @@ func addSetObject(tx *knftables.Transaction, name string, s *set) {
 	st := &knftables.Set{Name: name, Type: s.typ, Comment: comment}
 	if s.interval {
 		st.Flags = []knftables.SetFlag{knftables.IntervalFlag}
+	}
+	if s.learned {
+		st.Flags = []knftables.SetFlag{knftables.TimeoutFlag}
 	}
 	tx.Add(st)
 }
@@ -356,9 +365,14 @@ func diff(old, new *Rendered) *plan {
 }
 
 // writeTx adds the plan to an nft transaction.
-func (p *plan) writeTx(tx *knftables.Transaction, old, new *Rendered) {
+func (p *plan) writeTx(tx *knftables.Transaction, old, new *Rendered, learnedOf func(string) []policy.LearnedElement) {
 	for _, name := range p.newSets {
 		addSetObject(tx, name, new.Sets[name])
+		if new.Sets[name].learned {
+			for _, e := range learnedTextElements(name, learnedOf(name)) {
+				tx.Add(e)
+			}
+		}
 	}
 	for _, name := range p.newChains {
 		addChainObject(tx, name, new.Chains[name])
@@ -488,7 +502,10 @@ func (b *Backend) Verify(ctx context.Context) error {
 		}
 		return &Drift{Reason: "listing table: " + msg}
 	}
-	got, hash, err := parseListing(out)
+	got, hash, err := parseListing(out, func(set string) bool {
+		s := b.applied.Sets[set]
+		return s != nil && s.learned
+	})
 	if err != nil {
 		return fmt.Errorf("parsing nft listing: %w", err)
 	}
@@ -500,63 +517,6 @@ func (b *Backend) Verify(ctx context.Context) error {
 	}
 	b.verifiedHash, b.syncedSince = hash, false
 	return nil
-}
-
-// counts is what a listing says about each chain (rules) and set (elements).
-type counts struct {
-	chains map[string]int
-	sets   map[string]int
-}
-
-func compareCounts(want *Rendered, got counts) string {
-	for name, c := range want.Chains {
-		n, ok := got.chains[name]
-		if !ok {
-			return fmt.Sprintf("chain %s missing", name)
-		}
-		if n != len(c.rules) {
-			return fmt.Sprintf("chain %s has %d rules, want %d", name, n, len(c.rules))
-		}
-	}
-	for name, s := range want.Sets {
-		n, ok := got.sets[name]
-		if !ok {
-			return fmt.Sprintf("set %s missing", name)
-		}
-		if n != s.Count() {
-			return fmt.Sprintf("set %s has %d elements, want %d", name, n, s.Count())
-		}
-	}
-	if len(got.chains) != len(want.Chains) {
-		return fmt.Sprintf("table has %d chains, want %d", len(got.chains), len(want.Chains))
-	}
-	if len(got.sets) != len(want.Sets) {
-		return fmt.Sprintf("table has %d sets and maps, want %d", len(got.sets), len(want.Sets))
-	}
-	return ""
-}
-
-// parseListing counts rules and elements in `nft -j list table` output, and digests it.
-func parseListing(out []byte) (counts, string, error) {
-	c := counts{chains: map[string]int{}, sets: map[string]int{}}
-	l, err := nftjson.Parse(out)
-	if err != nil {
-		return c, "", err
-	}
-	for _, o := range l {
-		switch o.Kind {
-		case "chain":
-			if name := o.String("name"); c.chains[name] == 0 {
-				c.chains[name] = 0 // a chain without rules is listed too
-			}
-		case "rule":
-			c.chains[o.String("chain")]++
-		case "set", "map":
-			c.sets[o.String("name")] = len(o.Elements())
-		}
-	}
-	digest, err := l.Digest()
-	return c, digest, err
 }
 
 // Dump renders r as an nft script, as `netwarden render` prints it.

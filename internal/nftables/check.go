@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
 
+	"github.com/netwarden/netwarden/internal/kernel/nftjson"
 	"github.com/netwarden/netwarden/internal/policy"
 )
 
@@ -189,4 +191,98 @@ func getElement(ctx context.Context, set, key string) (value string, present boo
 		return strings.TrimSpace(v), true, nil
 	}
 	return "", true, nil
+}
+
+// counts is what a listing says about each chain (rules) and set (elements).
+type counts struct {
+	chains map[string]int
+	sets   map[string]int
+}
+
+func compareCounts(want *Rendered, got counts) string {
+	for name, c := range want.Chains {
+		n, ok := got.chains[name]
+		if !ok {
+			return fmt.Sprintf("chain %s missing", name)
+		}
+		if n != len(c.rules) {
+			return fmt.Sprintf("chain %s has %d rules, want %d", name, n, len(c.rules))
+		}
+	}
+	for name, s := range want.Sets {
+		n, ok := got.sets[name]
+		if !ok {
+			return fmt.Sprintf("set %s missing", name)
+		}
+		if n != s.Count() && !s.learned {
+			return fmt.Sprintf("set %s has %d elements, want %d", name, n, s.Count())
+		}
+	}
+	if len(got.chains) != len(want.Chains) {
+		return fmt.Sprintf("table has %d chains, want %d", len(got.chains), len(want.Chains))
+	}
+	if len(got.sets) != len(want.Sets) {
+		return fmt.Sprintf("table has %d sets and maps, want %d", len(got.sets), len(want.Sets))
+	}
+	return ""
+}
+
+// parseListing counts rules and elements in `nft -j list table` output, and digests it. The
+// elements of the sets learned names are not ours to check: the learner adds them, and their
+// listing changes every second (it shows the time left).
+func parseListing(out []byte, learned func(set string) bool) (counts, string, error) {
+	c := counts{chains: map[string]int{}, sets: map[string]int{}}
+	l, err := nftjson.Parse(out)
+	if err != nil {
+		return c, "", err
+	}
+	for _, o := range l {
+		switch o.Kind {
+		case "chain":
+			if name := o.String("name"); c.chains[name] == 0 {
+				c.chains[name] = 0 // a chain without rules is listed too
+			}
+		case "rule":
+			c.chains[o.String("chain")]++
+		case "set", "map":
+			c.sets[o.String("name")] = len(o.Elements())
+			if learned(o.String("name")) {
+				delete(o.Fields, "elem")
+			}
+		}
+	}
+	digest, err := l.Digest()
+	return c, digest, err
+}
+
+// LearnedElement is what the kernel's DomainSet holds for an address: whether it holds it,
+// the time left and the comment the learner wrote (the answer that admitted it).
+type LearnedElement struct {
+	Held             bool
+	Expires, Comment string
+}
+
+var (
+	expiresRE = regexp.MustCompile(`expires (\S+)`)
+	commentRE = regexp.MustCompile(`comment "([^"]*)"`)
+)
+
+// Learned looks addr up in the kernel's DomainSet set (the Ruleset name, without family).
+func Learned(ctx context.Context, set string, addr netip.Addr) (LearnedElement, error) {
+	name := set + famSuffix(addr.Is6())
+	out, err := exec.CommandContext(ctx, "nft", "get", "element", "inet", TableName, name, "{", addr.String(), "}").CombinedOutput()
+	if err != nil {
+		if strings.Contains(string(out), "No such file or directory") {
+			return LearnedElement{}, nil
+		}
+		return LearnedElement{}, fmt.Errorf("set %s: %s", name, strings.TrimSpace(string(out)))
+	}
+	e := LearnedElement{Held: true}
+	if m := expiresRE.FindStringSubmatch(string(out)); m != nil {
+		e.Expires = strings.TrimSuffix(m[1], ",")
+	}
+	if m := commentRE.FindStringSubmatch(string(out)); m != nil {
+		e.Comment = m[1]
+	}
+	return e, nil
 }

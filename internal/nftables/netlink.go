@@ -36,14 +36,14 @@ const elementsPerMessage = 1000
 // transaction. The nft CLI spends most of a small update loading its cache of our large
 // table; talking netlink directly skips that, and the socket lc keeps open spares each
 // deleting transaction a wait for the kernel's deferred free (see nftnl.Conn).
-func applyNetlink(lc *nftnl.Conn, p *plan, old, new *Rendered) error {
-	return lc.Batch(func(conn *gnft.Conn) error { return queuePlan(conn, p, old, new) })
+func applyNetlink(lc *nftnl.Conn, p *plan, old, new *Rendered, learnedOf func(string) []policy.LearnedElement) error {
+	return lc.Batch(func(conn *gnft.Conn) error { return queuePlan(conn, p, old, new, learnedOf) })
 }
 
 // applyNetlinkFull replaces the table with new, whose every object p (its difference from an
 // empty table) creates, in one netlink batch: the table is created if missing, deleted with
 // all it holds, and created again, as the CLI's full sync does.
-func applyNetlinkFull(lc *nftnl.Conn, p *plan, new *Rendered) error {
+func applyNetlinkFull(lc *nftnl.Conn, p *plan, new *Rendered, learnedOf func(string) []policy.LearnedElement) error {
 	comments := nftnl.Comments{Tables: map[string]string{TableName: tableComment}, Chains: map[[2]string]string{}}
 	for name, c := range new.Chains {
 		if c.comment != "" {
@@ -55,12 +55,12 @@ func applyNetlinkFull(lc *nftnl.Conn, p *plan, new *Rendered) error {
 		conn.AddTable(table)
 		conn.DelTable(table)
 		conn.AddTable(table)
-		return queuePlan(conn, p, &Rendered{}, new)
+		return queuePlan(conn, p, &Rendered{}, new, learnedOf)
 	})
 }
 
 // queuePlan queues the messages of a plan on conn, in the order the batch needs them.
-func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
+func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered, learnedOf func(string) []policy.LearnedElement) error {
 	table := &gnft.Table{Name: TableName, Family: gnft.TableFamilyINet}
 	sets := map[string]*gnft.Set{}
 	setFor := func(name string, s *set) (*gnft.Set, error) {
@@ -72,7 +72,7 @@ func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 		gs := &gnft.Set{Table: table, Name: name, KeyType: kt, Concatenation: strings.Contains(s.typ, " . "),
-			IsMap: s.isMap, Interval: s.interval, Comment: s.comment}
+			IsMap: s.isMap, Interval: s.interval, HasTimeout: s.learned, Comment: s.comment}
 		if s.isMap {
 			gs.DataType = gnft.TypeVerdict
 		}
@@ -92,6 +92,9 @@ func queuePlan(conn *gnft.Conn, p *plan, old, new *Rendered) error {
 			if elems, err = newIntervalElements(s); err != nil {
 				return fmt.Errorf("set %s: %w", name, err)
 			}
+		}
+		if s.learned {
+			elems = gnftLearned(learnedOf(name))
 		}
 		first := elems[:min(len(elems), elementsPerMessage)]
 		if err := conn.AddSet(gs, first); err != nil {

@@ -130,6 +130,8 @@ func expandRule(out []ruleSpec, dir policy.Direction, peers []policy.Peer, ports
 			sp.peerAddr, sp.peerSet = peerAddr, m.Peer.AddrSet+famSuffix(m.IPv6)
 		case m.Peer.CIDRSet != "":
 			sp.peerAddr, sp.peerSet = peerAddr, m.Peer.CIDRSet
+		case m.Peer.DomainSet != "":
+			sp.peerAddr, sp.peerSet = peerAddr, m.Peer.DomainSet+famSuffix(m.IPv6)
 		}
 		if m.Port.NamedPortSet != "" {
 			sp.namedSet = m.Port.NamedPortSet + famSuffix(m.IPv6)

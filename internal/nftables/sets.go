@@ -15,8 +15,11 @@ import (
 type set struct {
 	typ      string
 	interval bool
-	isMap    bool
-	comment  string
+	// learned marks a DomainSet's set: flags timeout, its elements written by the learner
+	// (internal/domains), never by a sync, and left out of drift checks.
+	learned bool
+	isMap   bool
+	comment string
 	setdelta.Content[string]
 }
 
@@ -48,6 +51,15 @@ func (rd *Renderer) renderSets(r *Rendered, rs *policy.Ruleset) {
 		}
 		rd.cur.cidrSets[cs] = s
 		r.Sets[name] = s
+	}
+	for name, ds := range rs.DomainSets {
+		for _, v6 := range []bool{false, true} {
+			typ := "ipv4_addr"
+			if v6 {
+				typ = "ipv6_addr"
+			}
+			r.Sets[name+famSuffix(v6)] = &set{typ: typ, learned: true, comment: "domain " + ds.Pattern, Content: setdelta.Fixed[string](nil)}
+		}
 	}
 	for name, ns := range rs.NamedPortSets {
 		element := func(e netip.AddrPort) string { return e.Addr().String() + " . " + strconv.Itoa(int(e.Port())) }

@@ -2,6 +2,8 @@ package policy
 
 import (
 	"context"
+	"net/netip"
+	"time"
 
 	"github.com/netwarden/netwarden/internal/dataplane"
 )
@@ -67,4 +69,37 @@ type StagedCounter struct {
 type StagedReporter interface {
 	SetStagedLog(*DropLog)
 	ReadStagedCounters(ctx context.Context) ([]StagedCounter, error)
+}
+
+// LearnedElement is an address a DomainSet holds for a while: the kernel drops it when
+// Timeout has passed, unless it is written again first.
+type LearnedElement struct {
+	Set     string // a key of Ruleset.DomainSets
+	Addr    netip.Addr
+	Timeout time.Duration
+	// Comment tells the answer that admitted it (name, server, TTL), as `explain` shows it.
+	Comment string
+}
+
+// LearnedSource gives the elements each DomainSet holds now: what a sync writes into a
+// DomainSet it creates (or re-creates, in a full sync), so that no learned address is missing
+// from it for any time.
+type LearnedSource interface {
+	Learned(set string) []LearnedElement
+}
+
+// DomainLearning is a NetworkPolicy backend that holds DomainSets' elements for the learner
+// (internal/domains). SetLearnedSource is called before the first sync. Admit writes elements
+// into the kernel in one transaction, replacing the timeout of those it holds; elements of a
+// set the kernel does not hold (yet) are left out, since the sync that creates it takes them
+// from the source. Admit runs beside syncs.
+type DomainLearning interface {
+	SetLearnedSource(LearnedSource)
+	Admit(elems []LearnedElement) error
+}
+
+// LearnedReader is a DomainLearning backend whose first sync replaces the DomainSets: it reads
+// back what the kernel holds, with the time left, for the learner to start from.
+type LearnedReader interface {
+	ReadLearned() ([]LearnedElement, error)
 }

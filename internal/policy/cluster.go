@@ -23,6 +23,7 @@ type compiledClusterPolicy struct {
 	addrSets  map[string]addrSetDef
 	namedSets map[string]namedSetDef
 	cidrSets  map[string]*CIDRSet
+	domains   map[string]*DomainSet
 	nodeSels  map[string]*metav1.LabelSelector // node peer sets by name
 	// subject caches the local pods the subject selects, valid while localGen holds.
 	subject    []*podInfo
@@ -93,6 +94,9 @@ func (cc *Compiler) compileClusterPolicies(st *cluster.State, rs *Ruleset, stats
 			for name, s := range ccp.cidrSets {
 				rs.CIDRSets[name] = s
 			}
+			for name, s := range ccp.domains {
+				rs.DomainSets[name] = s
+			}
 			for name, sel := range ccp.nodeSels {
 				nodeSels[name] = sel
 			}
@@ -146,6 +150,7 @@ func (cc *Compiler) compileClusterPolicy(cnp *npav1beta1.ClusterNetworkPolicy, t
 		addrSets:  map[string]addrSetDef{},
 		namedSets: map[string]namedSetDef{},
 		cidrSets:  map[string]*CIDRSet{},
+		domains:   map[string]*DomainSet{},
 		nodeSels:  map[string]*metav1.LabelSelector{},
 	}
 	newRules := func(dir Direction) *ClusterPolicyRules {
@@ -172,7 +177,7 @@ func (cc *Compiler) compileClusterPolicy(cnp *npav1beta1.ClusterNetworkPolicy, t
 		for i, r := range cnp.Spec.Egress {
 			peers := make([]clusterPeer, len(r.To))
 			for i, p := range r.To {
-				peers[i] = clusterPeer{namespaces: p.Namespaces, pods: p.Pods, nodes: p.Nodes, networks: p.Networks}
+				peers[i] = clusterPeer{namespaces: p.Namespaces, pods: p.Pods, nodes: p.Nodes, networks: p.Networks, domains: p.DomainNames}
 			}
 			if rule, ok := cc.compileClusterRule(ccp, r.Name, r.Action, peers, r.Protocols); ok {
 				rule.Index = i
@@ -191,6 +196,7 @@ type clusterPeer struct {
 	pods       *npav1beta1.NamespacedPod
 	nodes      *metav1.LabelSelector
 	networks   []npav1beta1.CIDR
+	domains    []npav1beta1.DomainName
 }
 
 // compileClusterRule compiles one rule; ok is false when the rule can match nothing.
@@ -226,9 +232,17 @@ func (cc *Compiler) compileClusterRule(ccp *compiledClusterPolicy, name string, 
 				ccp.cidrSets[name] = set
 				rule.Peers = append(rule.Peers, Peer{CIDRSet: name, IPv6: set.IPv6})
 			}
+		case len(p.domains) > 0 && rule.Action == Accept:
+			for _, d := range p.domains {
+				pattern := DomainPattern(string(d))
+				name := DomainSetName(pattern)
+				ccp.domains[name] = &DomainSet{Pattern: pattern}
+				rule.Peers = append(rule.Peers, Peer{DomainSet: name})
+			}
 		default:
-			// A peer of no field this agent knows (domainNames, or one added by a later API
-			// version) fails closed: it admits nothing, and it denies or passes everything.
+			// A peer of no field this agent knows (one added by a later API version, or
+			// domainNames under another action than Accept, which validation refuses) fails
+			// closed: it admits nothing, and it denies or passes everything.
 			if rule.Action != Accept {
 				anyPeer = true
 			}

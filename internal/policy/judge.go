@@ -139,6 +139,10 @@ func (rs *Ruleset) peerMatches(peers []Peer, addr netip.Addr) bool {
 			if rs.AddrSets[p.AddrSet].Holds(addr) {
 				return true
 			}
+		case p.DomainSet != "":
+			if rs.domains != nil && rs.domains.Admits(p.DomainSet, addr) {
+				return true
+			}
 		case p.CIDRSet != "":
 			s := rs.CIDRSets[p.CIDRSet]
 			if s == nil || s.IPv6 != addr.Is6() {

@@ -52,6 +52,13 @@ type Ruleset struct {
 	// selects at least one local pod. Its peers name AddrSets, CIDRSets and NamedPortSets
 	// like those of NetworkPolicies (identical selectors share a set).
 	ClusterPolicies map[string]*ClusterPolicyRules
+	// DomainSets holds the domainNames egress peers of ClusterNetworkPolicies, one per
+	// domain pattern. Their addresses are not cluster state: the node learns them from the
+	// cluster DNS's answers to its pods (internal/domains), and the kernel holds each for
+	// its TTL. A backend declares the sets and leaves their elements to the learner.
+	DomainSets map[string]*DomainSet
+	// domains says which addresses the DomainSets admit, for the judge (see WithDomains).
+	domains DomainAddrs
 
 	// Staged, when the snapshot has staged policies, is how to judge connections also as they
 	// will be once those are enforced, to report the difference (see StagedJudgement). The
@@ -132,6 +139,28 @@ type CIDRSet struct {
 	Prefixes []netip.Prefix
 }
 
+// DomainSet is the addresses a domain name pattern admits: "api.example.com", or
+// "*.example.com", which matches one or more labels before example.com but not example.com
+// itself. Patterns are lower case, without the trailing dot.
+type DomainSet struct {
+	Pattern string
+}
+
+// DomainAddrs says which addresses the domainNames peers admit. The model cannot know them
+// (they are learned from DNS answers on the node), so the judge asks.
+type DomainAddrs interface {
+	// Admits reports whether the DomainSet named set holds addr.
+	Admits(set string, addr netip.Addr) bool
+}
+
+// WithDomains returns rs judging domainNames peers by d (nil: they admit nothing, as the
+// kernel's sets do before any answer). rs itself is not modified.
+func (rs *Ruleset) WithDomains(d DomainAddrs) *Ruleset {
+	out := *rs
+	out.domains = d
+	return &out
+}
+
 // NamedPortSet is a sorted list of (pod IP, port) pairs, with the same version link as AddrSet.
 type NamedPortSet struct {
 	Entries        []netip.AddrPort
@@ -165,7 +194,10 @@ type Peer struct {
 	// Exactly one is set.
 	AddrSet string // pods selected by namespaceSelector/podSelector (name in AddrSets)
 	CIDRSet string // ipBlock (name in CIDRSets)
-	// IPv6 tells the family of a CIDRSet; address sets hold both families.
+	// DomainSet names a DomainSets entry: the addresses learned for a domain pattern (an
+	// egress peer of ClusterNetworkPolicy Accept rules only).
+	DomainSet string
+	// IPv6 tells the family of a CIDRSet; address and domain sets hold both families.
 	IPv6 bool
 }
 
@@ -195,6 +227,7 @@ func NewRuleset() *Ruleset {
 		Admin:           newTier(),
 		Baseline:        newTier(),
 		ClusterPolicies: map[string]*ClusterPolicyRules{},
+		DomainSets:      map[string]*DomainSet{},
 	}
 }
 

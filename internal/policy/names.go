@@ -32,3 +32,12 @@ func shortHash(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return b32.EncodeToString(sum[:8])[:12]
 }
+
+// DomainPattern is a domainNames entry as the DomainSets hold it: lower case, without the
+// trailing dot (DNS names compare without case, and "example.com." is "example.com").
+func DomainPattern(name string) string {
+	return strings.ToLower(strings.TrimSuffix(name, "."))
+}
+
+// DomainSetName names the DomainSet of a pattern; identical patterns share one.
+func DomainSetName(pattern string) string { return "dom-" + shortHash(pattern) }

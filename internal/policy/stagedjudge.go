@@ -338,6 +338,7 @@ func withStaged(enforced, written *Ruleset) *Ruleset {
 	out.AddrSets = withMissing(out.AddrSets, written.AddrSets)
 	out.CIDRSets = withMissing(out.CIDRSets, written.CIDRSets)
 	out.NamedPortSets = withMissing(out.NamedPortSets, written.NamedPortSets)
+	out.DomainSets = withMissing(out.DomainSets, written.DomainSets)
 	return &out
 }
 

@@ -365,7 +365,7 @@ func TestCNPOracleSemantics(t *testing.T) {
 				p := cnp("fc", admin, 1, subjectNS("gryffindor"))
 				p.Spec.Egress = append(p.Spec.Egress,
 					eg(accept, []npav1beta1.ClusterNetworkPolicyEgressPeer{{DomainNames: []npav1beta1.DomainName{"example.com"}}}),
-					eg(deny, []npav1beta1.ClusterNetworkPolicyEgressPeer{{DomainNames: []npav1beta1.DomainName{"example.com"}}}, tcpPort(80)))
+					eg(deny, []npav1beta1.ClusterNetworkPolicyEgressPeer{{}}, tcpPort(80)))
 				p.Spec.Ingress = append(p.Spec.Ingress, ig(pass, []npav1beta1.ClusterNetworkPolicyIngressPeer{{}}, tcpPort(8080)))
 				return p
 			}(),

@@ -16,6 +16,8 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/netwarden/netwarden/internal/kernel/nfsubsys"
 )
 
 // From include/uapi/linux/netfilter/nfnetlink_log.h and nfnetlink.h.
@@ -57,13 +59,13 @@ type Packet struct {
 
 // Conn is a socket bound to one NFLOG group.
 type Conn struct {
-	c     *netlink.Conn
+	c     *nfsubsys.Conn
 	group uint16
 }
 
 // Open binds NFLOG group in the caller's network namespace.
 func Open(group uint16) (*Conn, error) {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	c, err := nfsubsys.Dial(subsysULOG)
 	if err != nil {
 		return nil, fmt.Errorf("nflog: netlink socket: %w", err)
 	}
@@ -89,9 +91,9 @@ func Open(group uint16) (*Conn, error) {
 	// which the kernel rate limit keeps cheap.
 	attrs := []netlink.Attribute{
 		{Type: cfgAttrMode, Data: mode},
-		{Type: cfgAttrQThresh, Data: be32(1)},
-		{Type: cfgAttrTimeout, Data: be32(0)},
-		{Type: cfgAttrNLBuf, Data: be32(16384)},
+		{Type: cfgAttrQThresh, Data: nfsubsys.BE32(1)},
+		{Type: cfgAttrTimeout, Data: nfsubsys.BE32(0)},
+		{Type: cfgAttrNLBuf, Data: nfsubsys.BE32(16384)},
 	}
 	if err := l.config(unix.AF_UNSPEC, group, 0, attrs); err != nil {
 		l.Close()
@@ -102,29 +104,12 @@ func Open(group uint16) (*Conn, error) {
 	return l, nil
 }
 
-func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
-
 // config sends an NFULNL_MSG_CONFIG request: a command (when cmd is not 0) and attrs.
 func (l *Conn) config(family uint8, resID uint16, cmd uint8, attrs []netlink.Attribute) error {
 	if cmd != 0 {
 		attrs = append([]netlink.Attribute{{Type: cfgAttrCmd, Data: []byte{cmd}}}, attrs...)
 	}
-	body, err := netlink.MarshalAttributes(attrs)
-	if err != nil {
-		return err
-	}
-	msg := netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(subsysULOG<<8 | msgConfig), Flags: netlink.Request | netlink.Acknowledge},
-		Data:   append(nfgenmsg(family, resID), body...),
-	}
-	_, err = l.c.Execute(msg)
-	return err
-}
-
-func nfgenmsg(family uint8, resID uint16) []byte {
-	b := []byte{family, 0 /* NFNETLINK_V0 */, 0, 0}
-	binary.BigEndian.PutUint16(b[2:], resID)
-	return b
+	return l.c.Request(msgConfig, family, resID, attrs)
 }
 
 // Close closes the socket, which unbinds the group: the kernel drops a socket's instances
@@ -137,23 +122,17 @@ func (l *Conn) SetReadDeadline(t time.Time) error { return l.c.SetReadDeadline(t
 
 // ErrLost is returned (wrapped) by Receive when the socket's buffer overflowed and the kernel
 // dropped messages; reading may go on.
-var ErrLost = errors.New("nflog: messages lost, socket buffer full")
+var ErrLost = nfsubsys.ErrLost
 
 // Receive waits for logged packets. Messages it cannot parse are skipped.
 func (l *Conn) Receive() ([]Packet, error) {
-	msgs, err := l.c.Receive()
+	bodies, err := l.c.Receive(msgPacket)
 	if err != nil {
-		if errors.Is(err, unix.ENOBUFS) {
-			return nil, fmt.Errorf("%w: %v", ErrLost, err)
-		}
 		return nil, err
 	}
 	var out []Packet
-	for _, m := range msgs {
-		if m.Header.Type != netlink.HeaderType(subsysULOG<<8|msgPacket) || len(m.Data) < 4 {
-			continue
-		}
-		if p, ok := parsePacket(m.Data[4:]); ok {
+	for _, b := range bodies {
+		if p, ok := parsePacket(b); ok {
 			out = append(out, p)
 		}
 	}

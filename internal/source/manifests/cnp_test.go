@@ -122,22 +122,26 @@ func TestLoadClusterNetworkPolicy(t *testing.T) {
 }
 
 // TestLoadClusterNetworkPolicyPeers: a peer with no field (one this version does not know) and a
-// domainNames peer are kept for the compiler; unknown fields are still errors of strict decoding.
+// domainNames peer are kept for the compiler; unknown fields are still errors of strict decoding,
+// and so is a domainNames peer in a rule that is not Accept.
 func TestLoadClusterNetworkPolicyPeers(t *testing.T) {
 	dir := t.TempDir()
-	doc := func(name, to string) string {
+	docAction := func(name, action, to string) string {
 		return "apiVersion: policy.networking.k8s.io/v1beta1\nkind: ClusterNetworkPolicy\nmetadata:\n  name: " + name +
-			"\nspec:\n  tier: Baseline\n  priority: 0\n  subject:\n    namespaces: {}\n  egress:\n  - action: Deny\n    to:\n    - " + to + "\n"
+			"\nspec:\n  tier: Baseline\n  priority: 0\n  subject:\n    namespaces: {}\n  egress:\n  - action: " + action + "\n    to:\n    - " + to + "\n"
 	}
+	doc := func(name, to string) string { return docAction(name, "Deny", to) }
 	writeFiles(t, dir, map[string]string{
 		"empty.yaml":   doc("empty", "{}"),
-		"domains.yaml": doc("domains", `domainNames: ["*.example.com", "example.org"]`),
+		"domains.yaml": docAction("domains", "Accept", `domainNames: ["*.example.com", "example.org"]`),
+		"denied.yaml":  doc("denied", `domainNames: ["example.org"]`),
 		"nodes.yaml":   doc("nodes", `nodes: {matchLabels: {role: infra}}`),
 		"unknown.yaml": doc("unknown", `services: {}`),
 		"two.yaml":     doc("two", `{namespaces: {}, networks: ["10.0.0.0/8"]}`),
 	})
 	st, errs := Load(dir, nil)
 	checkErrors(t, dir, errs, []string{
+		`DIR/denied.yaml: document 1 (ClusterNetworkPolicy denied): spec.egress[0].to[0].domainNames: Invalid value: "Deny": domainNames peers are allowed only in Accept rules (rule action is Deny); deny the rest in a rule after it`,
 		`DIR/two.yaml: document 1 (ClusterNetworkPolicy two): spec.egress[0].to[0]: Invalid value: "namespaces, networks": at most one of namespaces, pods, nodes, networks, domainNames may be set`,
 		`DIR/unknown.yaml: document 1 (ClusterNetworkPolicy unknown): unknown field "spec.egress[0].to[0].services"`,
 	})

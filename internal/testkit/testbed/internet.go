@@ -14,6 +14,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // InternetIfName is the local node's interface towards the Internet namespace.
@@ -258,5 +259,28 @@ func (w *whoAmI) Close() error {
 		l.Close()
 	}
 	w.wg.Wait()
+	return nil
+}
+
+// InNetNSGo runs fn on a thread in the Internet's namespace: sockets it opens live there.
+func (inet *Internet) InNetNSGo(fn func() error) error { return inNetNSGo(inet.ns, fn) }
+
+// AddLocalRange makes every address of p the Internet's own (a local route, as AnyIP): a
+// server listening on the unspecified address answers on all of them, so a test can reach
+// thousands of distinct addresses.
+func (inet *Internet) AddLocalRange(p netip.Prefix) error {
+	h, err := netlink.NewHandleAt(inet.ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	r := &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: prefixToIPNet(p.Masked()), Type: unix.RTN_LOCAL, Table: unix.RT_TABLE_LOCAL, Scope: netlink.SCOPE_HOST}
+	if err := h.RouteAdd(r); err != nil {
+		return fmt.Errorf("local route %s: %w", p, err)
+	}
 	return nil
 }

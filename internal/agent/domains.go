@@ -1,0 +1,147 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/domains"
+	"github.com/netwarden/netwarden/internal/policy"
+)
+
+// DomainNames configures the learning of domainNames peers' addresses.
+type DomainNames struct {
+	domains.Config
+	// Servers, when set, are the only DNS servers whose answers are believed. Otherwise they
+	// are the addresses of the pods in ServerNamespace whose labels ServerLabels selects (the
+	// pods behind the kube-dns Service), as the cluster state has them.
+	Servers         []netip.Addr
+	ServerNamespace string
+	ServerLabels    labels.Selector
+}
+
+// domainLearning is the agent's learner and how it finds the servers.
+type domainLearning struct {
+	cfg     *DomainNames
+	learner *domains.Learner
+}
+
+func newDomainLearning(a *Agent) *domainLearning {
+	cfg := a.np.Domains
+	dl, ok := a.np.Backend.(policy.DomainLearning)
+	if cfg == nil || !ok {
+		return nil
+	}
+	c := cfg.Config
+	if c.Log == nil {
+		c.Log = a.log.With("feature", "domain names")
+	}
+	d := &domainLearning{cfg: cfg, learner: domains.New(c, dl)}
+	held := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "netwarden_domain_answer_hold_seconds",
+		Help:    "How long a DNS reply to a pod was held: from the queue to its release, its addresses written into the kernel.",
+		Buckets: domainHeldBuckets,
+	})
+	a.metrics.registry.MustRegister(held, &domainCollector{d: d, held: held})
+	return d
+}
+
+// update follows a sync: the DomainSets the kernel now holds, and the servers of st.
+func (d *domainLearning) update(st *cluster.State, rs *policy.Ruleset) error {
+	if d == nil {
+		return nil
+	}
+	if err := d.learner.Update(rs.DomainSets, d.servers(st)); err != nil {
+		return fmt.Errorf("domain names: %w", err)
+	}
+	return nil
+}
+
+// restore starts the learner from what the kernel's DomainSets hold, before the first sync
+// replaces them (backends whose full sync keeps them need not).
+func (d *domainLearning) restore(a *Agent) {
+	if d == nil {
+		return
+	}
+	r, ok := a.np.Backend.(policy.LearnedReader)
+	if !ok {
+		return
+	}
+	elems, err := r.ReadLearned()
+	if err != nil {
+		a.log.Warn("reading the addresses learned before this start: they are learned again from the next answers", "err", err)
+		return
+	}
+	d.learner.Restore(elems)
+	if len(elems) > 0 {
+		a.log.Info("addresses learned before this start kept", "feature", "domain names", "addresses", len(elems))
+	}
+}
+
+// verify checks the learner's queue rules (nil without a learner).
+func (d *domainLearning) verify() error {
+	if d == nil {
+		return nil
+	}
+	return d.learner.Verify()
+}
+
+func (d *domainLearning) servers(st *cluster.State) []netip.Addr {
+	if len(d.cfg.Servers) > 0 {
+		return d.cfg.Servers
+	}
+	var out []netip.Addr
+	for _, p := range st.Pods {
+		if p.Namespace != d.cfg.ServerNamespace || p.Spec.HostNetwork || !d.cfg.ServerLabels.Matches(labels.Set(p.Labels)) {
+			continue
+		}
+		for _, ip := range p.Status.PodIPs {
+			if a, err := netip.ParseAddr(ip.IP); err == nil {
+				out = append(out, a.Unmap())
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// domainCollector exports the learner's counts when /metrics is scraped.
+type domainCollector struct {
+	d    *domainLearning
+	held prometheus.Histogram
+}
+
+var (
+	domainNamesDesc = prometheus.NewDesc("netwarden_domain_names",
+		"Domain names whose learned addresses the kernel admits now (names matching a domainNames pattern).", nil, nil)
+	domainAddrsDesc = prometheus.NewDesc("netwarden_domain_addresses",
+		"Addresses admitted now, counted once per domainNames pattern that admits them.", nil, nil)
+	domainAnswersDesc = prometheus.NewDesc("netwarden_domain_answers_total",
+		"DNS replies to pods by outcome: believed (from a cluster DNS server, read), admitting (believed and admitting an address), unreadable (queued but no DNS response), refused (from port 53 but no believed server; never read).",
+		[]string{"outcome"}, nil)
+)
+
+func (c *domainCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- domainNamesDesc
+	ch <- domainAddrsDesc
+	ch <- domainAnswersDesc
+}
+
+func (c *domainCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.d.learner.Stats()
+	for _, h := range st.Held {
+		c.held.Observe(h.Seconds())
+	}
+	ch <- prometheus.MustNewConstMetric(domainNamesDesc, prometheus.GaugeValue, float64(st.Names))
+	ch <- prometheus.MustNewConstMetric(domainAddrsDesc, prometheus.GaugeValue, float64(st.Addresses))
+	for outcome, n := range map[string]uint64{"believed": st.Believed, "admitting": st.Admitting, "unreadable": st.Unreadable, "refused": st.Refused} {
+		ch <- prometheus.MustNewConstMetric(domainAnswersDesc, prometheus.CounterValue, float64(n), outcome)
+	}
+}
+
+// domainHeldBuckets spans a netlink transaction (tens of microseconds) to a slow one.
+var domainHeldBuckets = []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 50e-3}

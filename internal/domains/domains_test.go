@@ -1,0 +1,153 @@
+package domains
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+func TestMatches(t *testing.T) {
+	for _, c := range []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"api.example.com", "api.example.com", true},
+		{"api.example.com", "x.api.example.com", false},
+		{"api.example.com", "example.com", false},
+		{"*.example.com", "a.example.com", true},
+		{"*.example.com", "a.b.example.com", true},
+		{"*.example.com", "example.com", false},
+		{"*.example.com", "aexample.com", false},
+		{"*.example.com", "a.example.com.evil", false},
+		{"*.example.com", ".example.com", false},
+	} {
+		if got := Matches(c.pattern, c.name); got != c.want {
+			t.Errorf("Matches(%q, %q) = %v", c.pattern, c.name, got)
+		}
+	}
+}
+
+func pack(t *testing.T, m *dns.Msg) []byte {
+	t.Helper()
+	b, err := m.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func reply(t *testing.T, q string, qtype uint16, rrs ...string) *dns.Msg {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion(q, qtype)
+	m.Response = true
+	for _, s := range rrs {
+		rr, err := dns.NewRR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Answer = append(m.Answer, rr)
+	}
+	return m
+}
+
+func TestParseAnswer(t *testing.T) {
+	// A chain out of order, a record off the chain, a loop back to the question.
+	m := reply(t, "WWW.Example.com.", dns.TypeA,
+		"lb.cdn.net. 30 IN A 192.0.2.1",
+		"www.example.com. 300 IN CNAME Edge.example.net.",
+		"unrelated.example.org. 300 IN A 192.0.2.9",
+		"edge.example.net. 300 IN CNAME lb.cdn.net.",
+		"lb.cdn.net. 20 IN CNAME www.example.com.",
+		"lb.cdn.net. 30 IN A 192.0.2.2")
+	a, err := parseAnswer(pack(t, m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.question != "www.example.com" || !slices.Equal(a.names, []string{"www.example.com", "edge.example.net", "lb.cdn.net"}) {
+		t.Errorf("question %q names %q", a.question, a.names)
+	}
+	want := []answerAddr{{netip.MustParseAddr("192.0.2.1"), 30 * time.Second}, {netip.MustParseAddr("192.0.2.2"), 30 * time.Second}}
+	if !slices.Equal(a.addrs, want) {
+		t.Errorf("addrs %v, want %v", a.addrs, want)
+	}
+
+	// Not a response, an error, another question type: no addresses.
+	q := reply(t, "a.example.com.", dns.TypeA, "a.example.com. 30 IN A 192.0.2.1")
+	q.Response = false
+	if _, err := parseAnswer(pack(t, q)); err == nil {
+		t.Error("a query parsed as an answer")
+	}
+	nx := reply(t, "a.example.com.", dns.TypeA, "a.example.com. 30 IN A 192.0.2.1")
+	nx.Rcode = dns.RcodeNameError
+	if a, err := parseAnswer(pack(t, nx)); err != nil || len(a.addrs) != 0 {
+		t.Errorf("NXDOMAIN: %v %v", a.addrs, err)
+	}
+	if _, err := parseAnswer([]byte{1, 2, 3}); err == nil {
+		t.Error("garbage parsed")
+	}
+}
+
+// tcpSegment builds the TCP payload of a server's reply segment as parseSegment returns it.
+func seg(seq uint32, syn bool, payload []byte) segment {
+	return segment{src: netip.MustParseAddrPort("10.0.0.53:53"), dst: netip.MustParseAddrPort("10.0.0.2:40000"), tcp: true, seq: seq, syn: syn, payload: payload}
+}
+
+func TestTCPStreams(t *testing.T) {
+	msg := func(b ...byte) []byte { return append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...) }
+	var ts tcpStreams
+	if got := ts.add(seg(99, true, nil)); got != nil {
+		t.Fatal(got)
+	}
+	two := append(msg(1, 2, 3), msg(4, 5)...)
+	// The first message split over two segments, the second whole in the second.
+	if got := ts.add(seg(100, false, two[:3])); len(got) != 0 {
+		t.Fatalf("an incomplete message: %v", got)
+	}
+	got := ts.add(seg(103, false, two[3:]))
+	if len(got) != 2 || !slices.Equal(got[0], []byte{1, 2, 3}) || !slices.Equal(got[1], []byte{4, 5}) {
+		t.Fatalf("messages %v", got)
+	}
+	// A retransmission is let through unread; a gap gives the stream up.
+	if got := ts.add(seg(103, false, two[3:])); len(got) != 0 {
+		t.Errorf("a retransmission was read again: %v", got)
+	}
+	if got := ts.add(seg(200, false, msg(9))); len(got) != 0 {
+		t.Errorf("a segment after a gap was read: %v", got)
+	}
+	if got := ts.add(seg(uint32(100+len(two)), false, msg(7))); len(got) != 0 {
+		t.Errorf("a broken stream was read: %v", got)
+	}
+	// A segment of a stream not seen from its start is not read.
+	other := seg(5000, false, msg(1))
+	other.dst = netip.MustParseAddrPort("10.0.0.2:40001")
+	if got := ts.add(other); len(got) != 0 {
+		t.Errorf("a stream seen midway was read: %v", got)
+	}
+}
+
+func TestParseSegment(t *testing.T) {
+	// An IPv4 UDP packet from 10.0.0.53:53.
+	payload := []byte("dns")
+	b := make([]byte, 20+8+len(payload))
+	b[0] = 0x45
+	binary.BigEndian.PutUint16(b[2:], uint16(len(b)))
+	b[9] = 17
+	copy(b[12:16], []byte{10, 0, 0, 53})
+	copy(b[16:20], []byte{10, 0, 0, 2})
+	binary.BigEndian.PutUint16(b[20:], 53)
+	binary.BigEndian.PutUint16(b[22:], 40000)
+	copy(b[28:], payload)
+	s, ok := parseSegment(b)
+	if !ok || s.tcp || s.src != netip.MustParseAddrPort("10.0.0.53:53") || string(s.payload) != "dns" {
+		t.Errorf("%+v %v", s, ok)
+	}
+	b[6] = 0x20 // more fragments
+	if _, ok := parseSegment(b); ok {
+		t.Error("a fragment was read")
+	}
+}
