@@ -142,6 +142,16 @@ func TestServicePaths(t *testing.T) {
 			if t.Failed() {
 				t.Logf("pods: %v", pods)
 			}
+			// On the same cluster: the cluster DNS behind its Service, for domainNames peers.
+			t.Run("domain names through the kube-dns Service", func(t *testing.T) {
+				began := time.Now()
+				checkDomainNames(t, ctx, c)
+				passed, failed := 1, 0
+				if t.Failed() {
+					passed, failed = 0, 1
+				}
+				addSummary("domainNames, kube-proxy "+string(modeOf(backend)), backend, passed, failed, 0, time.Since(began))
+			})
 		})
 	}
 }

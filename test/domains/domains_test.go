@@ -213,7 +213,7 @@ func newScene(t testing.TB, be backend) *scene {
 		simnode.Namespace("elsewhere", map[string]string{"kubernetes.io/metadata.name": "elsewhere"}),
 		clientObj, forgerObj, dnsObj,
 	}
-	s.setPolicies(policies())
+	s.setPolicies(policies(sim.Bed.NodeIP(4)))
 	// A resync every second: the drift checks must take the learned addresses as they are.
 	flags := []string{"--backend", be.flag, "--dns-grace=1s", "--resync-period=1s"}
 	if be.flag == "nftables" {
@@ -231,7 +231,7 @@ func newScene(t testing.TB, be backend) *scene {
 
 // policies: DNS to kube-dns and the two domain patterns admitted in the Admin tier, every
 // other egress of the default namespace denied in the Baseline tier.
-func policies() []*npav1beta1.ClusterNetworkPolicy {
+func policies(nodeIP netip.Addr) []*npav1beta1.ClusterNetworkPolicy {
 	subject := npav1beta1.ClusterNetworkPolicySubject{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "default"}}}
 	port53 := func(p corev1.Protocol) npav1beta1.ClusterNetworkPolicyProtocol {
 		pp := &npav1beta1.Port{Number: 53}
@@ -253,7 +253,7 @@ func policies() []*npav1beta1.ClusterNetworkPolicy {
 			To: []npav1beta1.ClusterNetworkPolicyEgressPeer{{Pods: &npav1beta1.NamespacedPod{
 				NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}},
 				PodSelector:       metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
-			}}},
+			}}, {Networks: []npav1beta1.CIDR{npav1beta1.CIDR(netip.PrefixFrom(nodeIP, 32).String())}}}, // a node-local DNS
 			Protocols: []npav1beta1.ClusterNetworkPolicyProtocol{port53(corev1.ProtocolUDP), port53(corev1.ProtocolTCP)},
 		}),
 		cnp("allowed-domains", npav1beta1.AdminTier, 10, npav1beta1.ClusterNetworkPolicyEgressRule{
@@ -324,6 +324,7 @@ func (s *scene) startDNS() {
 	z.add("tcp.example.test. 60 IN A 198.51.100.21")
 	z.add("evil.test. 60 IN A 198.51.100.22")
 	z.add("after-repair.example.test. 60 IN A 198.51.100.23")
+	z.add("node.example.test. 60 IN A 198.51.100.24")
 	for i := 1; i <= manyAnswers; i++ {
 		z.add(fmt.Sprintf("many.example.test. 60 IN A %s", nth(manyV4, i)))
 		z.add(fmt.Sprintf("many6.example.test. 60 IN AAAA %s", nth(manyV6, i)))
@@ -368,6 +369,27 @@ func nth(p netip.Prefix, i int) netip.Addr {
 	return a
 }
 
+// startNodeDNS runs the DNS server in the node's namespace on addr, UDP only.
+func (s *scene) startNodeDNS(addr netip.Addr) (*dns.Server, error) {
+	var srv *dns.Server
+	err := s.sim.Bed.InNode(func() error {
+		pc, err := net.ListenPacket("udp", net.JoinHostPort(addr.String(), "53"))
+		if err != nil {
+			return err
+		}
+		srv = &dns.Server{PacketConn: pc, Handler: s.zone}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go func() { _ = srv.ActivateAndServe() }()
+	<-started
+	return srv, nil
+}
+
 // resolver asks the kube-dns pod from the client pod.
 type resolver struct {
 	s   *scene
@@ -395,12 +417,23 @@ func (r *resolver) lookup(name string, qtype uint16, network string, edns bool) 
 	if qtype == dns.TypeAAAA {
 		server = net.JoinHostPort(r.s.dnsPod.IPv6.String(), "53")
 	}
+	return r.exchange(c, m, server)
+}
+
+// lookupAt asks server (host:port) over UDP.
+func (r *resolver) lookupAt(server, name string, qtype uint16) ([]netip.Addr, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), qtype)
+	return r.exchange(r.udp, m, server)
+}
+
+func (r *resolver) exchange(c *dns.Client, m *dns.Msg, server string) ([]netip.Addr, error) {
 	resp, _, err := c.Exchange(m, server)
 	if err != nil {
 		return nil, err
 	}
 	if resp.Truncated {
-		return nil, fmt.Errorf("%s: answer truncated", name)
+		return nil, fmt.Errorf("%s: answer truncated", m.Question[0].Name)
 	}
 	var out []netip.Addr
 	for _, rr := range resp.Answer {
@@ -763,6 +796,47 @@ func testDomainNames(t *testing.T, be backend) {
 		// The one repair is the flush's: the learner's writes are never taken for drift.
 		if n := strings.Count(s.sim.Log(), "repairing kernel state"); n != 1 {
 			t.Errorf("%d repairs logged, want 1 (the flush's):\n%s", n, lastLines(s.sim.Log(), 40))
+		}
+	})
+
+	t.Run("a node-local DNS server", func(t *testing.T) {
+		// A DNS server on the node's own address answers through the output hook. Not a
+		// kube-dns pod, it is not believed until --dns-servers names it.
+		nodeIP := s.sim.Bed.NodeIP(4)
+		pc, err := s.startNodeDNS(nodeIP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Shutdown()
+		r := s.resolver()
+		lookupAndConnect := func() error {
+			return s.inClient(func() error {
+				addrs, err := r.lookupAt(net.JoinHostPort(nodeIP.String(), "53"), "node.example.test", dns.TypeA)
+				if err != nil || len(addrs) != 1 {
+					return fmt.Errorf("lookup at the node: %v %v", addrs, err)
+				}
+				c, err := connect(addrs[0], 900*time.Millisecond)
+				if err != nil {
+					return err
+				}
+				return c.Close()
+			})
+		}
+		if err := lookupAndConnect(); err == nil {
+			t.Errorf("an answer of the node's DNS server, which is no kube-dns pod, admitted its address")
+		}
+		if err := s.sim.StopAgent(); err != nil {
+			t.Fatal(err)
+		}
+		flags := append(slices.Clone(s.flags), "--dns-servers="+strings.Join([]string{s.dnsPod.IPv4.String(), s.dnsPod.IPv6.String(), nodeIP.String()}, ","))
+		if err := s.sim.StartAgent(flags...); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.sim.WaitApplied(60 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := lookupAndConnect(); err != nil {
+			t.Errorf("an answer of a DNS server --dns-servers names: %v", err)
 		}
 	})
 

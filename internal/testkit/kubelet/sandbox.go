@@ -51,6 +51,12 @@ type sandbox struct {
 	ips         []netip.Addr
 }
 
+// NetNSPath is where the daemon of node mounts the network namespace of a pod (not on the
+// host network).
+func NetNSPath(node, namespace, name, uid string) string {
+	return filepath.Join(NetNSDir, netnsNameFor(node, namespace, name, uid))
+}
+
 // netnsNameFor names a pod's network namespace "nwk-<node>-<namespace>-<name>-<uid hash>",
 // shortened with a hash to fit a file name that tools print readably. The UID's hash keeps a
 // pod recreated under the same name (while the old one is still going away) apart.

@@ -342,6 +342,16 @@ func (c *Cluster) DialUnderlay(ctx context.Context, addr string) (net.Conn, erro
 	return conn, err
 }
 
+// InUnderlay runs fn on a thread in the underlay namespace, the world outside the nodes: a
+// server it starts there is an address outside the cluster, which the nodes reach through
+// their default route (and masquerade).
+func (c *Cluster) InUnderlay(fn func() error) error { return c.ul.ns.do(fn) }
+
+// PodNetNS is the path of pod's network namespace, as its node made it.
+func PodNetNS(pod *corev1.Pod) string {
+	return kubelet.NetNSPath(pod.Spec.NodeName, pod.Namespace, pod.Name, string(pod.UID))
+}
+
 func (c *Cluster) writeKubeconfig(path, server, token string) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["minicluster"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: bytes.Clone(c.Server.CACert)}
