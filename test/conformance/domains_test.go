@@ -72,9 +72,18 @@ func checkDomainNames(t *testing.T, ctx context.Context, c *minicluster.Cluster)
 		_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 		return err
 	})
-	mustCreate(t, func() error { _, err := c.Client.CoreV1().Pods("kube-system").Create(ctx, dnsPod, metav1.CreateOptions{}); return err })
-	mustCreate(t, func() error { _, err := c.Client.CoreV1().Services("kube-system").Create(ctx, svc, metav1.CreateOptions{}); return err })
-	mustCreate(t, func() error { _, err := c.Client.CoreV1().Pods(ns).Create(ctx, client, metav1.CreateOptions{}); return err })
+	mustCreate(t, func() error {
+		_, err := c.Client.CoreV1().Pods("kube-system").Create(ctx, dnsPod, metav1.CreateOptions{})
+		return err
+	})
+	mustCreate(t, func() error {
+		_, err := c.Client.CoreV1().Services("kube-system").Create(ctx, svc, metav1.CreateOptions{})
+		return err
+	})
+	mustCreate(t, func() error {
+		_, err := c.Client.CoreV1().Pods(ns).Create(ctx, client, metav1.CreateOptions{})
+		return err
+	})
 	mustCreate(t, func() error { return createDomainPolicies(ctx, c, ns) })
 	waitPodsReady(t, ctx, c, "kube-system", 1)
 	waitPodsReady(t, ctx, c, ns, 1)
