@@ -29,7 +29,8 @@ var (
 	_ cluster.NodeLister = (*EarlySource)(nil)
 )
 
-// StartEarly runs src until ctx is done.
+// StartEarly runs src until ctx is done. The context given to Run must end when ctx does (derive
+// it from ctx).
 func StartEarly(ctx context.Context, src cluster.Source) *EarlySource {
 	e := &EarlySource{src: src, done: make(chan struct{})}
 	go func() {
@@ -64,6 +65,13 @@ func (e *EarlySource) Run(ctx context.Context, notify func()) error {
 	e.mu.Unlock()
 	select {
 	case <-e.done:
+		if e.err == nil {
+			// The source stops cleanly only when its context ends, which ctx derives from:
+			// ctx ends too, perhaps an instant later (a parent closes its Done channel before
+			// it cancels its children), and the caller must see it ended, not a source that
+			// stopped on its own.
+			<-ctx.Done()
+		}
 		return e.err
 	case <-ctx.Done():
 		return nil

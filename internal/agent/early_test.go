@@ -77,3 +77,35 @@ func TestEarlySourceDeliversWhatCameBeforeRun(t *testing.T) {
 		t.Fatal("Run did not return when the source stopped")
 	}
 }
+
+// TestEarlySourceStopsWithItsContext: a source that stops cleanly stopped because its context
+// ended; Run returns then only once the caller's derived context has ended too (a parent's
+// Done closes before its children are cancelled: an agent that looked in between saw a
+// source stopped on its own, and failed its exit on SIGTERM).
+func TestEarlySourceStopsWithItsContext(t *testing.T) {
+	parent, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	child, cancelChild := context.WithCancel(parent)
+	defer cancelChild()
+	// The source sees its context end; the caller's, in this test, ends later.
+	e := StartEarly(parent, stoppedSource{})
+	runErr := make(chan error, 1)
+	go func() { runErr <- e.Run(child, func() {}) }()
+	<-e.done
+	select {
+	case err := <-runErr:
+		t.Fatalf("Run returned %v before the caller's context ended", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	cancelChild()
+	if err := <-runErr; err != nil {
+		t.Fatalf("Run returned %v", err)
+	}
+}
+
+// stoppedSource stops at once, cleanly, as a source whose context ended does.
+type stoppedSource struct{}
+
+func (stoppedSource) Run(context.Context, func()) error { return nil }
+func (stoppedSource) HasSynced() bool                   { return true }
+func (stoppedSource) Snapshot() *cluster.State          { return cluster.NewState() }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/netwarden/netwarden/internal/policy"
 )
 
 func TestMatches(t *testing.T) {
@@ -149,5 +151,70 @@ func TestParseSegment(t *testing.T) {
 	b[6] = 0x20 // more fragments
 	if _, ok := parseSegment(b); ok {
 		t.Error("a fragment was read")
+	}
+}
+
+// fakeBackend records what the learner writes.
+type fakeBackend struct{ admitted []policy.LearnedElement }
+
+func (f *fakeBackend) SetLearnedSource(policy.LearnedSource) {}
+func (f *fakeBackend) Admit(e []policy.LearnedElement) error {
+	f.admitted = append(f.admitted, e...)
+	return nil
+}
+
+// TestLearn: an answer admits its addresses for every pattern a name on its chain matches,
+// for TTL + grace; a later answer extends but never cuts the time; an expired address still
+// counts for established flows for History, and is forgotten after.
+func TestLearn(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	fb := &fakeBackend{}
+	l := New(Config{Grace: 5 * time.Second, History: time.Minute}, fb)
+	l.now = func() time.Time { return now }
+	l.patterns = map[string]string{"dom-a": "*.example.com", "dom-b": "api.example.org", "dom-c": "other.net"}
+	server := netip.MustParseAddr("10.0.0.53")
+	l.servers = []netip.Addr{server}
+	addr := netip.MustParseAddr("192.0.2.1")
+	l.learn(answer{question: "api.example.org", names: []string{"api.example.org", "lb.example.com"},
+		addrs: []answerAddr{{addr, 30 * time.Second}}}, server)
+	if len(fb.admitted) != 2 {
+		t.Fatalf("admitted %+v, want the address in dom-a and dom-b", fb.admitted)
+	}
+	for _, e := range fb.admitted {
+		if e.Timeout != 35*time.Second || e.Addr != addr || e.Comment == "" {
+			t.Errorf("element %+v", e)
+		}
+	}
+	// A shorter answer does not cut the time; a longer one extends it.
+	fb.admitted = nil
+	l.learn(answer{question: "x.example.com", names: []string{"x.example.com"}, addrs: []answerAddr{{addr, 10 * time.Second}}}, server)
+	if len(fb.admitted) != 0 {
+		t.Errorf("a shorter answer was written: %+v", fb.admitted)
+	}
+	l.learn(answer{question: "x.example.com", names: []string{"x.example.com"}, addrs: []answerAddr{{addr, 100 * time.Second}}}, server)
+	if len(fb.admitted) != 1 || fb.admitted[0].Timeout != 105*time.Second {
+		t.Errorf("a longer answer: %+v", fb.admitted)
+	}
+	// An answer from another server is not believed.
+	fb.admitted = nil
+	l.learn(answer{question: "y.example.com", names: []string{"y.example.com"}, addrs: []answerAddr{{netip.MustParseAddr("192.0.2.2"), time.Minute}}}, netip.MustParseAddr("10.0.0.99"))
+	if len(fb.admitted) != 0 || l.Admits("dom-a", netip.MustParseAddr("192.0.2.2")) {
+		t.Errorf("an answer of another server was believed")
+	}
+	if got := l.Learned("dom-a"); len(got) != 1 || got[0].Timeout != 105*time.Second {
+		t.Errorf("Learned: %+v", got)
+	}
+	now = now.Add(110 * time.Second) // expired, within History
+	if len(l.Learned("dom-a")) != 0 || !l.Admits("dom-a", addr) {
+		t.Errorf("expired: Learned %v, Admits %v", l.Learned("dom-a"), l.Admits("dom-a", addr))
+	}
+	l.Prune()
+	if !l.Admits("dom-a", addr) {
+		t.Error("pruned within History")
+	}
+	now = now.Add(2 * time.Minute)
+	l.Prune()
+	if l.Admits("dom-a", addr) || l.Admits("dom-b", addr) {
+		t.Error("kept after History")
 	}
 }

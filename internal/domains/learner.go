@@ -140,10 +140,19 @@ func (l *Learner) read(q *nfqueue.Conn) {
 		pkts, err := q.Receive()
 		if err != nil {
 			if errors.Is(err, nfqueue.ErrLost) {
-				l.cfg.Log.Warn("DNS replies lost to a full socket buffer: they pass after the kernel's queue timeout", "err", err)
+				l.cfg.Log.Warn("DNS replies lost to a full socket buffer: they wait in the queue unread", "err", err)
 				continue
 			}
-			return // closed
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if l.queue == q {
+				// Not closed by Close: unbind, so that the replies pass unread (bypass) rather
+				// than wait for a reader that is gone; the next Update binds again.
+				l.cfg.Log.Error("reading the DNS replies queue; unbinding it until the next sync", "err", err)
+				q.Close()
+				l.queue = nil
+			}
+			return
 		}
 		for _, p := range pkts {
 			began := l.now()
@@ -289,19 +298,40 @@ func (l *Learner) Admits(set string, addr netip.Addr) bool {
 	return e != nil && l.now().Before(e.expires.Add(l.cfg.History))
 }
 
-// Prune forgets what expired more than History ago; run periodically.
+// maxHistory bounds the expired addresses kept for the judgement of established flows
+// (about 100 bytes each); beyond it, those that expired first are forgotten first.
+const maxHistory = 100_000
+
+// Prune forgets what expired more than History ago, and the oldest expired beyond
+// maxHistory; run periodically.
 func (l *Learner) Prune() {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	type expired struct {
+		set  string
+		addr netip.Addr
+		at   time.Time
+	}
+	var old []expired
 	for set, m := range l.sets {
 		for addr, e := range m {
-			if now.After(e.expires.Add(l.cfg.History)) {
+			switch {
+			case now.After(e.expires.Add(l.cfg.History)):
 				delete(m, addr)
+			case now.After(e.expires):
+				e.comment = "" // only explain reads it, from the kernel, while it is there
+				old = append(old, expired{set, addr, e.expires})
 			}
 		}
 		if len(m) == 0 {
 			delete(l.sets, set)
+		}
+	}
+	if len(old) > maxHistory {
+		slices.SortFunc(old, func(a, b expired) int { return a.at.Compare(b.at) })
+		for _, e := range old[:len(old)-maxHistory] {
+			delete(l.sets[e.set], e.addr)
 		}
 	}
 	for n, until := range l.names {
