@@ -154,6 +154,9 @@ func TestParseSegment(t *testing.T) {
 	}
 }
 
+// learn learns and writes as the reader does.
+func learn(l *Learner, a answer, server netip.Addr) { l.write(l.learn(a, server)) }
+
 // fakeBackend records what the learner writes.
 type fakeBackend struct{ admitted []policy.LearnedElement }
 
@@ -175,7 +178,7 @@ func TestLearn(t *testing.T) {
 	server := netip.MustParseAddr("10.0.0.53")
 	l.servers = []netip.Addr{server}
 	addr := netip.MustParseAddr("192.0.2.1")
-	l.learn(answer{question: "api.example.org", names: []string{"api.example.org", "lb.example.com"},
+	learn(l, answer{question: "api.example.org", names: []string{"api.example.org", "lb.example.com"},
 		addrs: []answerAddr{{addr, 30 * time.Second}}}, server)
 	if len(fb.admitted) != 2 {
 		t.Fatalf("admitted %+v, want the address in dom-a and dom-b", fb.admitted)
@@ -187,17 +190,17 @@ func TestLearn(t *testing.T) {
 	}
 	// A shorter answer does not cut the time; a longer one extends it.
 	fb.admitted = nil
-	l.learn(answer{question: "x.example.com", names: []string{"x.example.com"}, addrs: []answerAddr{{addr, 10 * time.Second}}}, server)
+	learn(l, answer{question: "x.example.com", names: []string{"x.example.com"}, addrs: []answerAddr{{addr, 10 * time.Second}}}, server)
 	if len(fb.admitted) != 0 {
 		t.Errorf("a shorter answer was written: %+v", fb.admitted)
 	}
-	l.learn(answer{question: "x.example.com", names: []string{"x.example.com"}, addrs: []answerAddr{{addr, 100 * time.Second}}}, server)
+	learn(l, answer{question: "x.example.com", names: []string{"x.example.com"}, addrs: []answerAddr{{addr, 100 * time.Second}}}, server)
 	if len(fb.admitted) != 1 || fb.admitted[0].Timeout != 105*time.Second {
 		t.Errorf("a longer answer: %+v", fb.admitted)
 	}
 	// An answer from another server is not believed.
 	fb.admitted = nil
-	l.learn(answer{question: "y.example.com", names: []string{"y.example.com"}, addrs: []answerAddr{{netip.MustParseAddr("192.0.2.2"), time.Minute}}}, netip.MustParseAddr("10.0.0.99"))
+	learn(l, answer{question: "y.example.com", names: []string{"y.example.com"}, addrs: []answerAddr{{netip.MustParseAddr("192.0.2.2"), time.Minute}}}, netip.MustParseAddr("10.0.0.99"))
 	if len(fb.admitted) != 0 || l.Admits("dom-a", netip.MustParseAddr("192.0.2.2")) {
 		t.Errorf("an answer of another server was believed")
 	}

@@ -154,50 +154,72 @@ func (l *Learner) read(q *nfqueue.Conn) {
 			}
 			return
 		}
+		// The replies that came together are learned together: one kernel transaction for
+		// all their addresses, then each released.
+		began := l.now()
+		var elems []policy.LearnedElement
 		for _, p := range pkts {
-			began := l.now()
-			l.handle(p.Payload, &streams)
+			elems = append(elems, l.handle(p.Payload, &streams)...)
+		}
+		l.write(elems)
+		for _, p := range pkts {
 			if err := q.Accept(p.ID); err != nil {
 				l.cfg.Log.Warn("releasing a DNS reply", "err", err)
 			}
-			l.heldMu.Lock()
-			if len(l.held) < 1<<16 {
-				l.held = append(l.held, l.now().Sub(began))
-			}
-			l.heldMu.Unlock()
 		}
+		held := l.now().Sub(began)
+		l.heldMu.Lock()
+		for range pkts {
+			if len(l.held) < 1<<16 {
+				l.held = append(l.held, held)
+			}
+		}
+		l.heldMu.Unlock()
 	}
 }
 
-// handle learns from one queued packet.
-func (l *Learner) handle(pkt []byte, streams *tcpStreams) {
+// write has the backend hold elems. They are recorded first (learn), written second: a sync
+// creating one of their sets meanwhile takes them from Learned (see policy.DomainLearning).
+func (l *Learner) write(elems []policy.LearnedElement) {
+	if len(elems) == 0 {
+		return
+	}
+	if err := l.backend.Admit(elems); err != nil {
+		l.cfg.Log.Warn("writing learned addresses into the kernel", "addresses", len(elems), "err", err)
+	}
+}
+
+// handle learns from one queued packet and returns what to write.
+func (l *Learner) handle(pkt []byte, streams *tcpStreams) []policy.LearnedElement {
 	seg, ok := parseSegment(pkt)
 	if !ok {
 		l.unreadable.Add(1)
-		return
+		return nil
 	}
 	msgs := [][]byte{seg.payload}
 	if seg.tcp {
 		msgs = streams.add(seg)
 	}
+	var elems []policy.LearnedElement
 	for _, m := range msgs {
 		a, err := parseAnswer(m)
 		if err != nil {
 			l.unreadable.Add(1)
 			continue
 		}
-		l.learn(a, seg.src.Addr())
+		elems = append(elems, l.learn(a, seg.src.Addr())...)
 	}
+	return elems
 }
 
-// learn admits the addresses of an answer from server for every pattern a name on its chain
-// matches, and writes them into the kernel before returning.
-func (l *Learner) learn(a answer, server netip.Addr) {
+// learn records the addresses of an answer from server for every pattern a name on its chain
+// matches, and returns the elements to write.
+func (l *Learner) learn(a answer, server netip.Addr) []policy.LearnedElement {
 	now := l.now()
 	l.mu.Lock()
 	if !slices.Contains(l.servers, server) { // the kernel queues only theirs; a changed list races
 		l.mu.Unlock()
-		return
+		return nil
 	}
 	l.believed.Add(1)
 	var elems []policy.LearnedElement
@@ -235,15 +257,10 @@ func (l *Learner) learn(a answer, server netip.Addr) {
 		}
 	}
 	l.mu.Unlock()
-	if len(elems) == 0 {
-		return
+	if len(elems) > 0 {
+		l.admitting.Add(1)
 	}
-	l.admitting.Add(1)
-	// Recorded first, written second: a sync creating one of these sets meanwhile takes them
-	// from Learned (see policy.DomainLearning).
-	if err := l.backend.Admit(elems); err != nil {
-		l.cfg.Log.Warn("writing learned addresses into the kernel", "question", a.question, "err", err)
-	}
+	return elems
 }
 
 // Verify reports how the kernel's queue rules differ from what Update wrote; the next Update
