@@ -263,6 +263,11 @@ func policies(nodeIP netip.Addr) []*npav1beta1.ClusterNetworkPolicy {
 			Protocols: []npav1beta1.ClusterNetworkPolicyProtocol{{TCP: &npav1beta1.ClusterNetworkPolicyProtocolTCP{
 				DestinationPort: &npav1beta1.Port{Number: int32(serverPort)}}}},
 		}),
+		// The Baseline tier admits a name of its own, ahead of its deny.
+		cnp("baseline-domains", npav1beta1.BaselineTier, 5, npav1beta1.ClusterNetworkPolicyEgressRule{
+			Action: npav1beta1.ClusterNetworkPolicyRuleActionAccept,
+			To:     []npav1beta1.ClusterNetworkPolicyEgressPeer{{DomainNames: []npav1beta1.DomainName{"baseline.test."}}},
+		}),
 		cnp("deny-egress", npav1beta1.BaselineTier, 10, npav1beta1.ClusterNetworkPolicyEgressRule{
 			Action: npav1beta1.ClusterNetworkPolicyRuleActionDeny,
 			To:     []npav1beta1.ClusterNetworkPolicyEgressPeer{{Networks: []npav1beta1.CIDR{"0.0.0.0/0", "::/0"}}},
@@ -325,6 +330,7 @@ func (s *scene) startDNS() {
 	z.add("evil.test. 60 IN A 198.51.100.22")
 	z.add("after-repair.example.test. 60 IN A 198.51.100.23")
 	z.add("node.example.test. 60 IN A 198.51.100.24")
+	z.add("baseline.test. 60 IN A 198.51.100.25")
 	for i := 1; i <= manyAnswers; i++ {
 		z.add(fmt.Sprintf("many.example.test. 60 IN A %s", nth(manyV4, i)))
 		z.add(fmt.Sprintf("many6.example.test. 60 IN AAAA %s", nth(manyV6, i)))
@@ -511,7 +517,8 @@ func TestDomainNames(t *testing.T) {
 func testDomainNames(t *testing.T, be backend) {
 	s := newScene(t, be)
 
-	t.Run("an address no answer gave is denied", func(t *testing.T) {
+	// An address no answer gave is denied (not a subtest: what follows counts from it).
+	{
 		err := s.inClient(func() error {
 			for _, a := range []netip.Addr{neverAddr4, neverAddr6} {
 				if c, err := connect(a, 500*time.Millisecond); err == nil {
@@ -524,7 +531,7 @@ func testDomainNames(t *testing.T, be backend) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	})
+	}
 	deniedByBaseline := s.baselineDrops()
 	if deniedByBaseline == 0 {
 		t.Fatalf("the Baseline deny counted no drop for the two denied connections")
@@ -596,6 +603,7 @@ func testDomainNames(t *testing.T, be backend) {
 			{"v6.example.test", dns.TypeAAAA, "udp", true}, // AAAA
 			{"tcp.example.test", dns.TypeA, "tcp", true},   // DNS over TCP
 			{"evil.test", dns.TypeA, "udp", false},         // no pattern matches
+			{"baseline.test", dns.TypeA, "udp", true},      // a Baseline tier pattern, written with its dot
 		} {
 			addrs, failed, err := s.reachable(c.name, c.qtype, c.network, false)
 			if err != nil || len(addrs) == 0 {
