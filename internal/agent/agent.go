@@ -428,6 +428,9 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 		// A snapshot that moved only the source's Revision needs no compile and no kernel
 		// transaction: the rules in the kernel stand for it as they are.
 		a.unchangedSync()
+		if err := a.domains.update(cst, a.applied.Load()); err != nil {
+			return err
+		}
 		a.policyApplied(st, nil)
 		a.flows.submit(a.applied.Load(), st.Generation, false, false)
 		a.log.Debug("no change", "backend", a.np.Backend.Name(), "generation", st.Generation, "objectsChanged", false)
