@@ -428,9 +428,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 		// A snapshot that moved only the source's Revision needs no compile and no kernel
 		// transaction: the rules in the kernel stand for it as they are.
 		a.unchangedSync()
-		if err := a.domains.update(cst, a.applied.Load()); err != nil {
-			return err
-		}
+		a.domains.update(a, cst, a.applied.Load())
 		a.policyApplied(st, nil)
 		a.flows.submit(a.applied.Load(), st.Generation, false, false)
 		a.log.Debug("no change", "backend", a.np.Backend.Name(), "generation", st.Generation, "objectsChanged", false)
@@ -453,9 +451,7 @@ func (a *Agent) syncOnce(ctx context.Context, full bool, seen time.Time) error {
 	if err := a.afterSync(ctx, cst, rs); err != nil {
 		return err
 	}
-	if err := a.domains.update(cst, rs); err != nil {
-		return err
-	}
+	a.domains.update(a, cst, rs)
 	a.inSync = true
 	prev := a.applied.Swap(rs)
 	a.metrics.observeSync(a.np.Backend.Name(), res, stats, start, seen)

@@ -1,7 +1,7 @@
 package agent
 
 import (
-	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 
@@ -28,6 +28,11 @@ type DomainNames struct {
 type domainLearning struct {
 	cfg     *DomainNames
 	learner *domains.Learner
+	log     *slog.Logger
+	// failing is the error of the last update, logged once ("" while it works).
+	failing string
+	// restoredAfterSync: the kernel's DomainSets were read back after the first sync.
+	restoredAfterSync bool
 }
 
 func newDomainLearning(a *Agent) *domainLearning {
@@ -40,7 +45,7 @@ func newDomainLearning(a *Agent) *domainLearning {
 	if c.Log == nil {
 		c.Log = a.log.With("feature", "domain names")
 	}
-	d := &domainLearning{cfg: cfg, learner: domains.New(c, dl)}
+	d := &domainLearning{cfg: cfg, learner: domains.New(c, dl), log: c.Log}
 	held := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "netwarden_domain_answer_hold_seconds",
 		Help:    "How long a DNS reply to a pod was held: from the queue to its release, its addresses written into the kernel.",
@@ -50,15 +55,29 @@ func newDomainLearning(a *Agent) *domainLearning {
 	return d
 }
 
-// update follows a sync: the DomainSets the kernel now holds, and the servers of st.
-func (d *domainLearning) update(st *cluster.State, rs *policy.Ruleset) error {
-	if d == nil {
-		return nil
+// update follows a sync: the DomainSets the kernel now holds, and the servers of st. A failure
+// (the queue bound by another process, say) is logged and retried at the next sync, and does
+// not fail the sync: the rules are in the kernel, and the domainNames peers, Accept-only, admit
+// nothing until answers are learned.
+func (d *domainLearning) update(a *Agent, st *cluster.State, rs *policy.Ruleset) {
+	if d == nil || rs == nil {
+		return
 	}
-	if err := d.learner.Update(rs.DomainSets, d.servers(st)); err != nil {
-		return fmt.Errorf("domain names: %w", err)
+	if !d.restoredAfterSync {
+		// A backend whose syncs keep the sets (iptables) reads them back only now that it
+		// knows which are the DomainSets'.
+		d.restoredAfterSync = true
+		d.restore(a)
 	}
-	return nil
+	err := d.learner.Update(rs.DomainSets, d.servers(st))
+	switch {
+	case err != nil && err.Error() != d.failing:
+		d.failing = err.Error()
+		d.log.Error("cannot learn the addresses of domainNames peers; they admit nothing until it can (retried at every sync)", "err", err)
+	case err == nil && d.failing != "":
+		d.failing = ""
+		d.log.Info("learning the addresses of domainNames peers again")
+	}
 }
 
 // restore starts the learner from what the kernel's DomainSets hold, before the first sync

@@ -276,11 +276,11 @@ func judgeSide(out io.Writer, rulesetOf, stagedOf func(node string) *policy.Rule
 		return true, true
 	}
 	rs := rulesetOf(local.node)
-	kernelRS := kc
+	kernelHere := kc
 	if kc != nil && local.node != kc.node {
-		kernelRS = nil // the kernel at hand is not the one judging this direction
+		kernelHere = nil // the kernel at hand is not the one judging this direction
 	}
-	judged, domains := withKernelDomains(rs, kernelRS)
+	judged, domains := withKernelDomains(rs, kernelHere)
 	j := judged.Judge(dir, localIP, peerIP, proto, port)
 	fmt.Fprintf(out, "  %-8s %s\n", label, describe(j, local.name, peer.name, what))
 	if dir == policy.Egress {

@@ -9,7 +9,8 @@ import (
 )
 
 // answer is what one DNS response says about addresses: the name asked, the names its CNAME
-// chain leads through, and the addresses at the end of the chain with their TTLs.
+// chain leads through, and the addresses at the end of the chain with their TTLs (at most
+// maxTTL).
 type answer struct {
 	question string
 	// names are the question and each CNAME target reached from it, in order.
@@ -62,7 +63,7 @@ func parseAnswer(msg []byte) (answer, error) {
 		if err != nil {
 			return a, fmt.Errorf("dns answer: %w", err)
 		}
-		r := rec{name: canonical(rh.Name.String()), ttl: time.Duration(rh.TTL) * time.Second}
+		r := rec{name: canonical(rh.Name.String()), ttl: answerTTL(rh.TTL)}
 		switch rh.Type {
 		case dnsmessage.TypeA:
 			b, err := p.AResource()
@@ -110,10 +111,25 @@ func parseAnswer(msg []byte) (answer, error) {
 		a.names = append(a.names, next)
 		cur = next
 	}
+	// Only the chain's end has addresses: a name with a CNAME has no other records, so an
+	// address for a name midway is no part of the answer (it could smuggle one in).
+	end := a.names[len(a.names)-1]
 	for _, r := range recs {
-		if r.isAddr && onChain[r.name] {
+		if r.isAddr && r.name == end {
 			a.addrs = append(a.addrs, answerAddr{addr: r.addr.Unmap(), ttl: r.ttl})
 		}
 	}
 	return a, nil
+}
+
+// maxTTL bounds how long one answer admits an address: a day, well within both backends'
+// timeouts (ipset's is at most 2^31 ms on some versions).
+const maxTTL = 24 * time.Hour
+
+// answerTTL reads a record's TTL as RFC 2181 says: one with the top bit set is zero.
+func answerTTL(ttl uint32) time.Duration {
+	if ttl&(1<<31) != 0 {
+		return 0
+	}
+	return min(time.Duration(ttl)*time.Second, maxTTL)
 }

@@ -78,6 +78,23 @@ func TestParseAnswer(t *testing.T) {
 		t.Errorf("addrs %v, want %v", a.addrs, want)
 	}
 
+	// An address beside a CNAME, for a name midway on the chain, is no part of the answer:
+	// only the chain's end has addresses.
+	smuggled := reply(t, "x.attacker.net.", dns.TypeA,
+		"x.attacker.net. 60 IN CNAME www.example.com.",
+		"x.attacker.net. 60 IN A 192.0.2.66",
+		"www.example.com. 60 IN A 192.0.2.7")
+	if a, err := parseAnswer(pack(t, smuggled)); err != nil || len(a.addrs) != 1 || a.addrs[0].addr != netip.MustParseAddr("192.0.2.7") {
+		t.Errorf("smuggled address: %+v %v", a.addrs, err)
+	}
+	// TTLs: the top bit set reads as zero; the rest is capped.
+	if answerTTL(1<<31|5) != 0 || answerTTL(7*24*3600) != maxTTL || answerTTL(30) != 30*time.Second {
+		t.Errorf("TTLs: %v %v %v", answerTTL(1<<31|5), answerTTL(7*24*3600), answerTTL(30))
+	}
+	if got := printable("a\"b\n.example.com"); got != "a?b?.example.com" {
+		t.Errorf("printable: %q", got)
+	}
+
 	// Not a response, an error, another question type: no addresses.
 	q := reply(t, "a.example.com.", dns.TypeA, "a.example.com. 30 IN A 192.0.2.1")
 	q.Response = false

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,7 +28,8 @@ type Config struct {
 	// established flows are judged again after a policy change: a connection made while the
 	// address was admitted stays up after it expires.
 	History time.Duration
-	Log     *slog.Logger
+	// Log receives the learner's warnings (writes that failed, a queue that broke).
+	Log *slog.Logger
 }
 
 // Stats are the learner's counts since it started, for /metrics.
@@ -40,7 +42,7 @@ type Stats struct {
 	// Refused counts UDP replies from port 53 that no believed server sent (the kernel counts
 	// them; they are never read).
 	Refused uint64
-	// Held is how long answers were held (reply queued → verdict), for the histogram.
+	// Held is how long answers were held (read from the queue → released), for the histogram.
 	Held []time.Duration
 }
 
@@ -51,13 +53,19 @@ type Learner struct {
 	backend policy.DomainLearning
 	now     func() time.Time
 
+	// mu guards what the reading of answers needs; it is never held across the kernel, so
+	// a held reply never waits for a netlink round trip other than its own write.
 	mu       sync.Mutex
 	patterns map[string]string // DomainSet name → pattern
 	sets     map[string]map[netip.Addr]*learned
 	names    map[string]time.Time // names admitted, until when
 	servers  []netip.Addr
-	steer    steering
 	queue    *nfqueue.Conn
+	closed   bool
+
+	// steerMu guards the queue rules in the kernel (Update, Verify, Stats, Close).
+	steerMu sync.Mutex
+	steer   steering
 
 	believed, admitting, unreadable atomic.Uint64
 	heldMu                          sync.Mutex
@@ -93,8 +101,22 @@ func (l *Learner) Update(sets map[string]*policy.DomainSet, servers []netip.Addr
 	servers = slices.Clone(servers)
 	slices.SortFunc(servers, netip.Addr.Compare)
 	servers = slices.Compact(servers)
+	l.steerMu.Lock()
+	defer l.steerMu.Unlock()
+	on, err := l.update(sets, servers)
+	if err != nil {
+		return err
+	}
+	return l.steer.sync(servers, on)
+}
+
+// update records the patterns and servers and binds the queue when the rules are to be on.
+func (l *Learner) update(sets map[string]*policy.DomainSet, servers []netip.Addr) (on bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.closed {
+		return false, errors.New("the learner is closed")
+	}
 	patterns := make(map[string]string, len(sets))
 	for name, s := range sets {
 		patterns[name] = s.Pattern
@@ -108,24 +130,27 @@ func (l *Learner) Update(sets map[string]*policy.DomainSet, servers []netip.Addr
 		l.patterns = patterns
 	}
 	l.servers = servers
-	on := len(patterns) > 0 && len(servers) > 0
+	on = len(patterns) > 0 && len(servers) > 0
 	if on && l.queue == nil {
 		q, err := nfqueue.Open(l.cfg.Queue, 4096)
 		if err != nil {
-			return err
+			return false, err
 		}
 		l.queue = q
 		go l.read(q)
 	}
-	return l.steer.sync(servers, on)
+	return on, nil
 }
 
-// Close removes the queue rules and unbinds the queue. Learned addresses stay in the kernel
-// until their timeouts end.
+// Close removes the queue rules and unbinds the queue; a later Update does nothing. Learned
+// addresses stay in the kernel until their timeouts end.
 func (l *Learner) Close() error {
+	l.steerMu.Lock()
+	defer l.steerMu.Unlock()
+	err := l.steer.cleanup()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	err := l.steer.cleanup()
+	l.closed = true
 	if l.queue != nil {
 		l.queue.Close()
 		l.queue = nil
@@ -140,18 +165,10 @@ func (l *Learner) read(q *nfqueue.Conn) {
 		pkts, err := q.Receive()
 		if err != nil {
 			if errors.Is(err, nfqueue.ErrLost) {
-				l.cfg.Log.Warn("DNS replies lost to a full socket buffer: they wait in the queue unread", "err", err)
+				l.cfg.Log.Warn("DNS replies passed unread: the queue's socket buffer was full", "err", err)
 				continue
 			}
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			if l.queue == q {
-				// Not closed by Close: unbind, so that the replies pass unread (bypass) rather
-				// than wait for a reader that is gone; the next Update binds again.
-				l.cfg.Log.Error("reading the DNS replies queue; unbinding it until the next sync", "err", err)
-				q.Close()
-				l.queue = nil
-			}
+			l.lost(q, err)
 			return
 		}
 		// The replies that came together are learned together: one kernel transaction for
@@ -178,6 +195,19 @@ func (l *Learner) read(q *nfqueue.Conn) {
 	}
 }
 
+// lost unbinds q after an error of its reading, unless Close did: the replies then pass
+// unread (bypass) rather than wait for a reader that is gone (those held at that moment are
+// dropped by the kernel, and asked again); the next Update binds again.
+func (l *Learner) lost(q *nfqueue.Conn, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.queue == q {
+		l.cfg.Log.Error("reading the DNS replies queue; unbinding it until the next sync", "err", err)
+		q.Close()
+		l.queue = nil
+	}
+}
+
 // write has the backend hold elems. They are recorded first (learn), written second: a sync
 // creating one of their sets meanwhile takes them from Learned (see policy.DomainLearning).
 func (l *Learner) write(elems []policy.LearnedElement) {
@@ -186,6 +216,19 @@ func (l *Learner) write(elems []policy.LearnedElement) {
 	}
 	if err := l.backend.Admit(elems); err != nil {
 		l.cfg.Log.Warn("writing learned addresses into the kernel", "addresses", len(elems), "err", err)
+		l.forget(elems)
+	}
+}
+
+// forget drops what learn recorded for elems that may not be in the kernel, so that the next
+// answer giving them writes them again rather than taking them for held.
+func (l *Learner) forget(elems []policy.LearnedElement) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range elems {
+		if cur := l.sets[e.Set][e.Addr]; cur != nil && cur.comment == e.Comment {
+			delete(l.sets[e.Set], e.Addr)
+		}
 	}
 }
 
@@ -245,7 +288,7 @@ func (l *Learner) learn(a answer, server netip.Addr) []policy.LearnedElement {
 			if e != nil && e.expires.After(exp) {
 				continue // a longer answer for another name still holds it
 			}
-			comment := fmt.Sprintf("%s via %s from %s ttl %ds", a.question, matched, server, int(aa.ttl/time.Second))
+			comment := fmt.Sprintf("%s via %s from %s ttl %ds", printable(a.question), printable(matched), server, int(aa.ttl/time.Second))
 			if len(comment) > 120 {
 				comment = comment[:120]
 			}
@@ -263,11 +306,24 @@ func (l *Learner) learn(a answer, server netip.Addr) []policy.LearnedElement {
 	return elems
 }
 
+// printable spells a DNS name for an element's comment with only what every tool that lists
+// it reads back as written (a label may hold any byte: a quote would break nft's parsing of a
+// transaction carrying the comment): other bytes become "?".
+func printable(name string) string {
+	b := []byte(name)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_' || c == '*') {
+			b[i] = '?'
+		}
+	}
+	return string(b)
+}
+
 // Verify reports how the kernel's queue rules differ from what Update wrote; the next Update
 // writes them again.
 func (l *Learner) Verify() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.steerMu.Lock()
+	defer l.steerMu.Unlock()
 	return l.steer.verify()
 }
 
@@ -288,7 +344,14 @@ func (l *Learner) Restore(elems []policy.LearnedElement) {
 			m = map[netip.Addr]*learned{}
 			l.sets[e.Set] = m
 		}
-		m[e.Addr] = &learned{expires: now.Add(e.Timeout), comment: e.Comment}
+		exp := now.Add(e.Timeout)
+		m[e.Addr] = &learned{expires: exp, comment: e.Comment}
+		// The comment says which name admitted it ("QUESTION via NAME from ...").
+		if _, rest, ok := strings.Cut(e.Comment, " via "); ok {
+			if name, _, ok := strings.Cut(rest, " "); ok && l.names[name].Before(exp) {
+				l.names[name] = exp
+			}
+		}
 	}
 }
 
@@ -392,8 +455,10 @@ func (l *Learner) Stats() Stats {
 			}
 		}
 	}
-	st.Refused, _ = l.steer.refused()
 	l.mu.Unlock()
+	l.steerMu.Lock()
+	st.Refused, _ = l.steer.refused()
+	l.steerMu.Unlock()
 	l.heldMu.Lock()
 	st.Held, l.held = l.held, nil
 	l.heldMu.Unlock()

@@ -94,11 +94,9 @@ type tcpStream struct {
 	broken bool
 }
 
-// maxTCPMessage bounds a stream's buffer: a DNS message is at most 65,535 bytes.
-const maxTCPMessage = 2 + 65535
-
-// maxTCPFlows bounds the streams followed at once; beyond it the oldest are forgotten.
-const maxTCPFlows = 4096
+// maxTCPFlows bounds the streams followed at once (each buffers at most one message, 64 KiB);
+// beyond it, one is forgotten to make room.
+const maxTCPFlows = 256
 
 // add takes a segment and returns the DNS messages it completes.
 func (t *tcpStreams) add(s segment) [][]byte {
@@ -148,8 +146,6 @@ func (t *tcpStreams) add(s segment) [][]byte {
 	}
 	if len(st.buf) == 0 {
 		st.buf = nil
-	} else if len(st.buf) > maxTCPMessage {
-		st.broken, st.buf = true, nil
 	} else {
 		st.buf = append([]byte(nil), st.buf...) // the rest only: do not keep the packet
 	}

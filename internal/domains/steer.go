@@ -23,12 +23,15 @@ const SteerTable = "netwarden-dns"
 // steering is the queue rules in the kernel: every DNS reply (UDP or TCP source port 53) from
 // a believed server, in conntrack's reply direction, forwarded to a pod or sent by the node,
 // is queued to the learner, with bypass so that it passes while nobody reads the queue.
-// Other replies from port 53 are only counted, as the answers refused.
+// Other UDP replies from port 53 to anyone but a believed server (whose own queries upstream
+// are answered from port 53 too) are only counted, as the answers refused.
 type steering struct {
 	conn    nftnl.Conn
 	queue   uint16
-	servers []netip.Addr // what the kernel holds; nil with installed false
+	servers []netip.Addr // what the kernel holds; nil with on false
 	on      bool
+	// refusedBase is what the counters of tables since replaced had counted.
+	refusedBase uint64
 }
 
 // Priority of the chains: mangle (-150), ahead of every filter chain, so that a reply is
@@ -39,6 +42,9 @@ const steerPriority = -150
 func (s *steering) sync(servers []netip.Addr, on bool) error {
 	if s.on == on && equalAddrs(s.servers, servers) {
 		return nil
+	}
+	if n, err := s.counted(); err == nil {
+		s.refusedBase += n
 	}
 	err := s.conn.Batch(func(c *gnft.Conn) error {
 		for _, v6 := range []bool{false, true} {
@@ -111,15 +117,26 @@ func (s *steering) fill(c *gnft.Conn, t *gnft.Table, v6 bool, servers []netip.Ad
 			if proto == unix.IPPROTO_UDP {
 				// What reaches this rule came from port 53 but not from a believed server's
 				// reply: counted, never learned.
-				c.AddRule(&gnft.Rule{Table: t, Chain: ch, Exprs: append(e, &expr.Counter{})})
+				refused := append(e,
+					nftexpr.LoadAddr(v6, false, nftexpr.Reg1),
+					&expr.Lookup{SourceRegister: nftexpr.Reg1, SetName: set.Name, SetID: set.ID, Invert: true},
+					&expr.Counter{})
+				c.AddRule(&gnft.Rule{Table: t, Chain: ch, Exprs: refused})
 			}
 		}
 	}
 	return nil
 }
 
-// refused reads the count of UDP packets from port 53 that no believed server sent.
+// refused reads the count of UDP packets from port 53 that no believed server sent, since
+// the learner started.
 func (s *steering) refused() (uint64, error) {
+	n, err := s.counted()
+	return s.refusedBase + n, err
+}
+
+// counted reads the counters of the tables in the kernel.
+func (s *steering) counted() (uint64, error) {
 	if !s.on {
 		return 0, nil
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -104,11 +105,13 @@ func (b *Backend) lockIfLearning(old, new *Rendered) func(applied bool) {
 		for name, s := range new.Sets {
 			if s.domainSet != "" && old.Sets[name] == nil {
 				changes = true
+				break
 			}
 		}
 		for name, s := range old.Sets {
 			if s.domainSet != "" && new.Sets[name] == nil {
 				changes = true
+				break
 			}
 		}
 	}
@@ -166,4 +169,46 @@ func Learned(ctx context.Context, set string, addr netip.Addr) (LearnedElement, 
 		return e, nil
 	}
 	return LearnedElement{}, nil
+}
+
+var _ policy.LearnedReader = (*Backend)(nil)
+
+// ReadLearned implements policy.LearnedReader: what the DomainSets' ipsets of the last sync hold,
+// with the time left (nothing before the first sync, which keeps existing ipsets anyway).
+func (b *Backend) ReadLearned() ([]policy.LearnedElement, error) {
+	if b.applied == nil {
+		return nil, nil
+	}
+	domainSets := map[string]*ipset{}
+	for name, s := range b.applied.Sets {
+		if s.domainSet != "" {
+			domainSets[name] = s
+		}
+	}
+	if len(domainSets) == 0 {
+		return nil, nil
+	}
+	out, err := exec.Command("ipset", "save").Output()
+	if err != nil {
+		return nil, fmt.Errorf("ipset save: %w", err)
+	}
+	var elems []policy.LearnedElement
+	for _, line := range strings.Split(string(out), "\n") {
+		// add NAME ADDR timeout N [comment "..."]
+		f := strings.Fields(line)
+		if len(f) < 5 || f[0] != "add" || domainSets[f[1]] == nil || f[3] != "timeout" {
+			continue
+		}
+		addr, err := netip.ParseAddr(f[2])
+		secs, err2 := strconv.Atoi(f[4])
+		if err != nil || err2 != nil || secs <= 0 {
+			continue
+		}
+		e := policy.LearnedElement{Set: domainSets[f[1]].domainSet, Addr: addr, Timeout: time.Duration(secs) * time.Second}
+		if _, c, ok := strings.Cut(line, ` comment "`); ok {
+			e.Comment = strings.TrimSuffix(c, `"`)
+		}
+		elems = append(elems, e)
+	}
+	return elems, nil
 }

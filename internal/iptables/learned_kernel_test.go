@@ -95,6 +95,20 @@ func TestKernelLearnedSets(t *testing.T) {
 				if err := b.Verify(ctx); err != nil {
 					t.Errorf("the learner's writes were taken for drift: %v", err)
 				}
+				// What a restarted learner starts from: each member with its DomainSet.
+				read, err := b.ReadLearned()
+				if err != nil {
+					t.Fatal(err)
+				}
+				found := false
+				for _, e := range read {
+					if e.Set == setB && e.Addr == netip.MustParseAddr("192.0.2.21") && e.Timeout > 0 && e.Timeout <= 90*time.Second {
+						found = true
+					}
+				}
+				if !found || len(read) != 4 {
+					t.Errorf("ReadLearned: %+v", read)
+				}
 				// A full sync (a repair, a restart) keeps what the learner wrote, even what its
 				// source no longer has.
 				if _, err := b.FullSync(ctx, two); err != nil {

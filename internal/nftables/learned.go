@@ -157,7 +157,8 @@ func roundTimeout(d time.Duration) time.Duration {
 }
 
 // learnedTextElements are the elements for an nft transaction, timeout and comment written
-// after the key as nft reads them.
+// after the key as nft reads them. knftables has no field for an element's timeout: it goes
+// in the key, which knftables writes as it is ("{ ADDR timeout Nms comment ... }").
 func learnedTextElements(name string, es []policy.LearnedElement) []*knftables.Element {
 	out := make([]*knftables.Element, len(es))
 	for i, e := range es {

@@ -90,7 +90,8 @@ type LearnedSource interface {
 
 // DomainLearning is a NetworkPolicy backend that holds DomainSets' elements for the learner
 // (internal/domains). SetLearnedSource is called before the first sync. Admit writes elements
-// into the kernel in one transaction, replacing the timeout of those it holds; elements of a
+// into the kernel (in one transaction where the kernel has one: nftables), replacing the
+// timeout of those it holds; elements of a
 // set the kernel does not hold (yet) are left out, since the sync that creates it takes them
 // from the source. Admit runs beside syncs.
 type DomainLearning interface {
@@ -98,8 +99,9 @@ type DomainLearning interface {
 	Admit(elems []LearnedElement) error
 }
 
-// LearnedReader is a DomainLearning backend whose first sync replaces the DomainSets: it reads
-// back what the kernel holds, with the time left, for the learner to start from.
+// LearnedReader is a DomainLearning backend that reads back what the kernel's DomainSets hold,
+// with the time left, for a restarted learner to start from: before the first sync where that
+// sync replaces them (nftables), or after it.
 type LearnedReader interface {
 	ReadLearned() ([]LearnedElement, error)
 }

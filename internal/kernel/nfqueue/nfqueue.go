@@ -109,20 +109,21 @@ func Open(num uint16, maxLen uint32) (*Conn, error) {
 		q.Close()
 		return nil, fmt.Errorf("nfqueue: configuring queue %d: %w", num, err)
 	}
-	// A burst of answers waits in the socket buffer rather than being lost (ENOBUFS): the
-	// kernel keeps the packets of lost messages queued until they time out in no verdict.
+	// A burst of answers waits in the socket buffer rather than being lost (ENOBUFS): with
+	// fail-open, the kernel lets through a packet whose message it could not deliver.
 	_ = c.SetReadBuffer(4 << 20)
 	return q, nil
 }
 
-// Close closes the socket, which unbinds the queue; the kernel lets the packets it held pass.
+// Close closes the socket, which unbinds the queue: the kernel drops the packets it held for
+// it (a DNS client asks again), and with the rule's bypass lets the next ones through.
 func (q *Conn) Close() error { return q.c.Close() }
 
 // SetReadDeadline makes a blocked Receive return at t, to stop a reader.
 func (q *Conn) SetReadDeadline(t time.Time) error { return q.c.SetReadDeadline(t) }
 
 // ErrLost is returned (wrapped) by Receive when the socket's buffer overflowed and the kernel
-// dropped messages: their packets stay queued without a verdict.
+// dropped messages (with fail-open, their packets went through unread).
 var ErrLost = nfsubsys.ErrLost
 
 // Receive waits for queued packets. Messages it cannot parse are skipped (their packets wait

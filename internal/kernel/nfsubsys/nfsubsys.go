@@ -17,6 +17,9 @@ import (
 type Conn struct {
 	c      *netlink.Conn
 	subsys uint8
+	// pending are packet messages that came while a Request waited for its answer (a bound
+	// queue or group delivers at once), for the next Receive.
+	pending []netlink.Message
 }
 
 // Dial opens a socket in the caller's network namespace.
@@ -29,14 +32,34 @@ func Dial(subsys uint8) (*Conn, error) {
 }
 
 // Request sends message msg of the subsystem with attrs after the nfgenmsg header of family
-// and resID (a group or queue number), and waits for the kernel's acknowledgement.
+// and resID (a group or queue number), and waits for the kernel's acknowledgement. Packet
+// messages that come meanwhile are kept for Receive. It must not run beside Receive.
 func (c *Conn) Request(msg, family uint8, resID uint16, attrs []netlink.Attribute) error {
 	body, err := netlink.MarshalAttributes(attrs)
 	if err != nil {
 		return err
 	}
-	_, err = c.c.Execute(c.message(msg, family, resID, body, netlink.Request|netlink.Acknowledge))
-	return err
+	sent, err := c.c.Send(c.message(msg, family, resID, body, netlink.Request|netlink.Acknowledge))
+	if err != nil {
+		return err
+	}
+	for {
+		msgs, err := c.c.Receive() // an error answer to the request comes back as err
+		if err != nil {
+			return err
+		}
+		acked := false
+		for _, m := range msgs {
+			if m.Header.Type == netlink.Error && m.Header.Sequence == sent.Header.Sequence {
+				acked = true
+				continue
+			}
+			c.pending = append(c.pending, m)
+		}
+		if acked {
+			return nil
+		}
+	}
 }
 
 // Send sends message msg without waiting for an acknowledgement (a verdict).
@@ -65,12 +88,16 @@ var ErrLost = errors.New("messages lost, socket buffer full")
 // Receive waits for messages and returns the attributes (after the nfgenmsg header) of those
 // of type msg.
 func (c *Conn) Receive(msg uint8) ([][]byte, error) {
-	msgs, err := c.c.Receive()
-	if err != nil {
-		if errors.Is(err, unix.ENOBUFS) {
-			return nil, fmt.Errorf("%w: %v", ErrLost, err)
+	msgs := c.pending
+	c.pending = nil
+	if len(msgs) == 0 {
+		var err error
+		if msgs, err = c.c.Receive(); err != nil {
+			if errors.Is(err, unix.ENOBUFS) {
+				return nil, fmt.Errorf("%w: %v", ErrLost, err)
+			}
+			return nil, err
 		}
-		return nil, err
 	}
 	want := netlink.HeaderType(uint16(c.subsys)<<8 | uint16(msg))
 	var out [][]byte
