@@ -140,7 +140,7 @@ var (
 	domainAddrsDesc = prometheus.NewDesc("netwarden_domain_addresses",
 		"Addresses admitted now, counted once per domainNames pattern that admits them.", nil, nil)
 	domainAnswersDesc = prometheus.NewDesc("netwarden_domain_answers_total",
-		"DNS replies to pods by outcome: believed (from a cluster DNS server, read), admitting (believed and admitting an address), unreadable (queued but no DNS response), refused (from port 53 but no believed server; never read).",
+		"DNS replies to pods by outcome: believed (from a cluster DNS server, read), admitting (believed and admitting an address), unreadable (queued but no DNS response), refused (UDP from port 53 of no believed server, to anyone but a believed server; never read).",
 		[]string{"outcome"}, nil)
 )
 
