@@ -1036,9 +1036,12 @@ func TestKubelet(t *testing.T) {
 			waitPodGone(t, c, ns, fmt.Sprintf("many-%d", i), time.Minute)
 		}
 		t.Logf("%d pods deleted at once -> all gone in %v", count, time.Since(began).Round(time.Millisecond))
-		if entries, _ := os.ReadDir(filepath.Join(n.stateDir, "pods")); len(entries) > 0 {
-			t.Errorf("pod dirs left: %d", len(entries))
-		}
+		eventually(t, 10*time.Second, "the pods' directories to go", func() error {
+			if entries, _ := os.ReadDir(filepath.Join(n.stateDir, "pods")); len(entries) > 0 {
+				return fmt.Errorf("pod dirs left: %d", len(entries))
+			}
+			return nil
+		})
 	})
 
 	t.Run("stop", func(t *testing.T) {

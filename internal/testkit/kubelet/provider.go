@@ -47,7 +47,14 @@ func (pr *provider) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
 func (pr *provider) notify(pod *corev1.Pod) {
 	pr.mu.Lock()
 	cb := pr.cb
+	cur := pr.pods[pod.Namespace+"/"+pod.Name]
 	pr.mu.Unlock()
+	if cur != nil && cur.uid != pod.UID {
+		// The status of a pod that a new one of the same name replaced (a force delete and a
+		// create): virtual-kubelet queues statuses by name, so this one would stand in for the
+		// new pod's, its UID precondition failing at every retry.
+		return
+	}
 	if cb != nil {
 		cb(pod)
 	}
