@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/labels"
@@ -33,6 +34,9 @@ type domainLearning struct {
 	failing string
 	// restoredAfterSync: the kernel's DomainSets were read back after the first sync.
 	restoredAfterSync bool
+	// serversGen is the generation whose pods servers were found from (0: none yet).
+	serversGen uint64
+	servers    []netip.Addr
 }
 
 func newDomainLearning(a *Agent) *domainLearning {
@@ -69,7 +73,11 @@ func (d *domainLearning) update(a *Agent, st *cluster.State, rs *policy.Ruleset)
 		d.restoredAfterSync = true
 		d.restore(a)
 	}
-	err := d.learner.Update(rs.DomainSets, d.servers(st))
+	var servers []netip.Addr
+	if len(rs.DomainSets) > 0 { // otherwise no reply is queued: no need to know the servers
+		servers = d.serversOf(st)
+	}
+	err := d.learner.Update(rs.DomainSets, servers)
 	switch {
 	case err != nil && err.Error() != d.failing:
 		d.failing = err.Error()
@@ -109,10 +117,24 @@ func (d *domainLearning) verify() error {
 	return d.learner.Verify()
 }
 
-func (d *domainLearning) servers(st *cluster.State) []netip.Addr {
+// serversOf returns the believed servers of st: the configured ones, or the addresses of the
+// DNS pods, found again only when some pod of their namespace changed since the snapshot they
+// were found from (a sync must not walk every pod of the cluster).
+func (d *domainLearning) serversOf(st *cluster.State) []netip.Addr {
 	if len(d.cfg.Servers) > 0 {
 		return d.cfg.Servers
 	}
+	prefix := d.cfg.ServerNamespace + "/"
+	if d.serversGen != 0 && st.Changes != nil && st.Changes.Since == d.serversGen &&
+		!slices.ContainsFunc(st.Changes.Pods, func(k string) bool { return strings.HasPrefix(k, prefix) }) {
+		d.serversGen = st.Generation
+		return d.servers
+	}
+	d.serversGen, d.servers = st.Generation, d.dnsPods(st)
+	return d.servers
+}
+
+func (d *domainLearning) dnsPods(st *cluster.State) []netip.Addr {
 	var out []netip.Addr
 	for _, p := range st.Pods {
 		if p.Namespace != d.cfg.ServerNamespace || p.Spec.HostNetwork || !d.cfg.ServerLabels.Matches(labels.Set(p.Labels)) {
