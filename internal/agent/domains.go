@@ -136,15 +136,11 @@ func (d *domainLearning) serversOf(st *cluster.State) []netip.Addr {
 
 func (d *domainLearning) dnsPods(st *cluster.State) []netip.Addr {
 	var out []netip.Addr
-	for _, p := range st.Pods {
-		if p.Namespace != d.cfg.ServerNamespace || p.Spec.HostNetwork || !d.cfg.ServerLabels.Matches(labels.Set(p.Labels)) {
+	for _, p := range st.Pods.All() {
+		if p.Namespace != d.cfg.ServerNamespace || p.HostNetwork || !d.cfg.ServerLabels.Matches(labels.Set(p.Labels)) {
 			continue
 		}
-		for _, ip := range p.Status.PodIPs {
-			if a, err := netip.ParseAddr(ip.IP); err == nil {
-				out = append(out, a.Unmap())
-			}
-		}
+		out = append(out, p.IPs...)
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)

@@ -159,15 +159,13 @@ func (d *dropLog) pod(ip netip.Addr) string {
 	st := d.a.cfg.Source.Snapshot()
 	if st != d.podsOf {
 		d.pods, d.podsOf = map[netip.Addr]string{}, st
-		for key, p := range st.Pods {
+		for key, p := range st.Pods.All() {
 			// A finished pod may have left its IP to a new one.
-			if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			if p.HostNetwork || p.Phase == corev1.PodSucceeded || p.Phase == corev1.PodFailed {
 				continue
 			}
-			for _, pip := range p.Status.PodIPs {
-				if a, err := netip.ParseAddr(pip.IP); err == nil {
-					d.pods[a] = key
-				}
+			for _, a := range p.IPs {
+				d.pods[a] = key
 			}
 		}
 	}

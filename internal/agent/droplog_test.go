@@ -23,18 +23,18 @@ func (s staticSource) Run(ctx context.Context, _ func()) error { <-ctx.Done(); r
 func (s staticSource) HasSynced() bool                         { return true }
 func (s staticSource) Snapshot() *cluster.State                { return s.st }
 
-func pod(ns, name, ip string, phase corev1.PodPhase) *corev1.Pod {
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Status: corev1.PodStatus{Phase: phase, PodIPs: []corev1.PodIP{{IP: ip}}}}
+func pod(ns, name, ip string, phase corev1.PodPhase) *cluster.Pod {
+	return cluster.PodOf(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Status: corev1.PodStatus{Phase: phase, PodIPs: []corev1.PodIP{{IP: ip}}}})
 }
 
 // TestDropLogLines checks what a logged packet becomes: a line naming both pods and the
 // reason, once per attempt however often it is retried, and a line for each other attempt.
 func TestDropLogLines(t *testing.T) {
 	st := cluster.NewState()
-	st.Pods["x/server"] = pod("x", "server", "10.0.0.2", corev1.PodRunning)
-	st.Pods["x/client"] = pod("x", "client", "10.0.0.3", corev1.PodRunning)
-	st.Pods["x/old"] = pod("x", "old", "10.0.0.3", corev1.PodSucceeded) // its IP went to client
+	st.Pods.Set("x/server", pod("x", "server", "10.0.0.2", corev1.PodRunning))
+	st.Pods.Set("x/client", pod("x", "client", "10.0.0.3", corev1.PodRunning))
+	st.Pods.Set("x/old", pod("x", "old", "10.0.0.3", corev1.PodSucceeded)) // its IP went to client
 	var buf bytes.Buffer
 	a := New(Config{NodeName: "n1", Source: staticSource{st}, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
 	a.metrics.registerDropLog(true)

@@ -20,8 +20,8 @@ import (
 func TestJudgeFlow(t *testing.T) {
 	st := cluster.NewState()
 	pod := func(name, ip string, labels map[string]string) {
-		st.Pods["a/"+name] = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name, Labels: labels},
-			Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: ip}}}}
+		st.Pods.Set("a/"+name, cluster.PodOf(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name, Labels: labels},
+			Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: ip}}}}))
 	}
 	pod("srv", "10.0.0.1", map[string]string{"app": "srv"})
 	pod("ok", "10.0.0.2", map[string]string{"role": "ok"})

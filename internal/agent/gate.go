@@ -53,7 +53,7 @@ type registration struct {
 	ips []netip.Addr
 }
 
-type overlayPod struct{ base, pod *corev1.Pod }
+type overlayPod struct{ base, pod *cluster.Pod }
 
 type waiter struct {
 	seq  uint64
@@ -78,14 +78,14 @@ func (g *gateState) overlay(st *cluster.State, node string) *cluster.State {
 	out.Generation = g.gen
 	cur := map[string]overlayPod{}
 	for key, r := range regs {
-		base := st.Pods[key]
-		if base == nil || base.Spec.HostNetwork || base.Status.Phase == corev1.PodSucceeded || base.Status.Phase == corev1.PodFailed ||
-			(base.Spec.NodeName != "" && base.Spec.NodeName != node) {
+		base := st.Pods.Get(key)
+		if base == nil || base.HostNetwork || base.Phase == corev1.PodSucceeded || base.Phase == corev1.PodFailed ||
+			(base.NodeName != "" && base.NodeName != node) {
 			continue
 		}
 		// The plugin's addresses are the newest word on a pod of this node: the API's may
 		// still be missing, or be those of a sandbox that was replaced.
-		if base.Spec.NodeName == node && slices.Equal(policy.EligibleIPs(base), r.ips) {
+		if base.NodeName == node && slices.Equal(policy.EligibleIPs(base), r.ips) {
 			continue
 		}
 		if prev, ok := g.overlaid[key]; ok && prev.base == base && slices.Equal(policy.EligibleIPs(prev.pod), r.ips) {
@@ -93,19 +93,14 @@ func (g *gateState) overlay(st *cluster.State, node string) *cluster.State {
 			continue
 		}
 		p := *base
-		p.Spec.NodeName = node // the plugin ran here, whether or not the binding reached us
-		p.Status = *base.Status.DeepCopy()
-		p.Status.PodIPs = nil
-		for _, ip := range r.ips {
-			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip.String()})
-		}
-		p.Status.PodIP = p.Status.PodIPs[0].IP
+		p.NodeName = node // the plugin ran here, whether or not the binding reached us
+		p.IPs = slices.Clone(r.ips)
 		cur[key] = overlayPod{base: base, pod: &p}
 	}
 	if len(cur) > 0 {
-		out.Pods = maps.Clone(st.Pods)
+		out.Pods = st.Pods.Clone()
 		for k, o := range cur {
-			out.Pods[k] = o.pod
+			out.Pods.Set(k, o.pod)
 		}
 	}
 	// The compiler may use Changes when they are relative to the state it compiled last,
@@ -152,8 +147,8 @@ func (g *gateState) guardInputs(st *cluster.State, node string, log interface{ W
 		log.Warn("the gate is on but this node's Node object has no podCIDRs: traffic of pods the agent does not know is not dropped", "node", node)
 	}
 	var known []netip.Addr
-	for _, p := range st.Pods {
-		if p.Spec.NodeName == node {
+	for _, p := range st.Pods.All() {
+		if p.NodeName == node {
 			known = append(known, policy.EligibleIPs(p)...)
 		}
 	}

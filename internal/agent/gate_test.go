@@ -56,7 +56,7 @@ func TestGateOverlayIncremental(t *testing.T) {
 				if r.IntN(2) == 0 {
 					p.Status.PodIPs = []corev1.PodIP{{IP: pool[r.IntN(len(pool))].String()}}
 				}
-				tr.SetPod(key, p)
+				tr.SetPod(key, cluster.PodOf(p))
 			case 2:
 				tr.SetPod(key, nil)
 			case 3:

@@ -148,16 +148,16 @@ func joinAddrs(ips []netip.Addr) string {
 func resolveEndpoint(st *cluster.State, flag, s string) (endpoint, error) {
 	if ip, err := netip.ParseAddr(s); err == nil {
 		ip = ip.Unmap()
-		for key, p := range st.Pods {
+		for key, p := range st.Pods.All() {
 			for _, pip := range policy.EligibleIPs(p) {
 				if pip == ip {
-					return endpoint{name: key, pod: true, node: p.Spec.NodeName, ips: []netip.Addr{ip}}, nil
+					return endpoint{name: key, pod: true, node: p.NodeName, ips: []netip.Addr{ip}}, nil
 				}
 			}
 		}
 		return endpoint{name: ip.String(), ips: []netip.Addr{ip}}, nil
 	}
-	p := st.Pods[s]
+	p := st.Pods.Get(s)
 	if p == nil {
 		return endpoint{}, fmt.Errorf("%s %q: no such pod (want NAMESPACE/POD or an IP address)", flag, s)
 	}
@@ -165,7 +165,7 @@ func resolveEndpoint(st *cluster.State, flag, s string) (endpoint, error) {
 	if len(ips) == 0 {
 		return endpoint{}, fmt.Errorf("%s %s: the pod has no address NetworkPolicy applies to (no pod IP yet, host network, or finished)", flag, s)
 	}
-	return endpoint{name: s, pod: true, node: p.Spec.NodeName, ips: ips}, nil
+	return endpoint{name: s, pod: true, node: p.NodeName, ips: ips}, nil
 }
 
 // kernelCheck is explain --kernel: the node whose kernel is at hand, the backend programmed

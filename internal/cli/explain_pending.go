@@ -4,13 +4,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
-
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -25,7 +22,7 @@ const unscheduled = "(unscheduled)"
 // file and no pod of st: a pod that is not applied yet can be explained before it is. The file
 // is read by the manifests source's own parser, so it is held to what the agent would accept.
 func withPodFile(st *cluster.State, flag, arg string) (*cluster.State, string, error) {
-	if st.Pods[arg] != nil {
+	if st.Pods.Get(arg) != nil {
 		return st, arg, nil
 	}
 	fi, err := os.Stat(arg)
@@ -54,21 +51,21 @@ func withPodFile(st *cluster.State, flag, arg string) (*cluster.State, string, e
 	if len(errs) > 0 {
 		return nil, "", fmt.Errorf("%s %s: %w", flag, arg, errorsIn(errs, filepath.Join(dir, name), arg))
 	}
-	if len(file.Pods) != 1 || len(file.Policies)+len(file.ClusterPolicies)+len(file.Nodes) > 0 {
+	if file.Pods.Len() != 1 || len(file.Policies)+len(file.ClusterPolicies)+len(file.Nodes) > 0 {
 		return nil, "", fmt.Errorf("%s %s: want a manifest of one Pod, found %d pods, %d NetworkPolicies, %d ClusterNetworkPolicies and %d nodes",
-			flag, arg, len(file.Pods), len(file.Policies), len(file.ClusterPolicies), len(file.Nodes))
+			flag, arg, file.Pods.Len(), len(file.Policies), len(file.ClusterPolicies), len(file.Nodes))
 	}
 	var key string
-	var pod *corev1.Pod
-	for k, p := range file.Pods {
+	var pod *cluster.Pod
+	for k, p := range file.Pods.All() {
 		key, pod = k, p
 	}
 	if st.Namespaces[pod.Namespace] == nil {
 		return nil, "", fmt.Errorf("%s %s: the pod's namespace %q does not exist, so no policy can select the pod", flag, arg, pod.Namespace)
 	}
 	out := *st
-	out.Pods = maps.Clone(st.Pods)
-	out.Pods[key] = pod
+	out.Pods = st.Pods.Clone()
+	out.Pods.Set(key, pod)
 	out.Changes = nil
 	return &out, key, nil
 }

@@ -2,8 +2,10 @@ package cli
 
 import (
 	"bytes"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -46,15 +48,18 @@ func exampleState(t *testing.T) *cluster.State {
 		"backend/db":            {"10.244.1.4", "fd00:1::4"},
 		"monitoring/prometheus": {"10.244.1.5"},
 	}
-	for key, p := range st.Pods {
-		p.Spec.NodeName = "node-a"
+	for key, p := range st.Pods.All() {
+		c := *p
+		c.NodeName = "node-a"
 		if strings.HasSuffix(ips[key][0], ".4") || strings.HasSuffix(ips[key][0], ".5") {
-			p.Spec.NodeName = "node-b"
+			c.NodeName = "node-b"
 		}
-		p.Status.Phase = corev1.PodRunning
+		c.Phase = corev1.PodRunning
+		c.IPs = slices.Clone(p.IPs)
 		for _, ip := range ips[key] {
-			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+			c.IPs = append(c.IPs, netip.MustParseAddr(ip))
 		}
+		st.Pods.Set(key, &c)
 	}
 	return st
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // Interner makes objects stripped through it share their equal parts: label sets (metadata.labels,
-// matchLabels) and Pods' container port lists. Thousands of objects of a cluster carry the same
+// matchLabels), and Pods' port lists and namespace and node names. Thousands of objects of a cluster carry the same
 // few label sets (every replica of a workload the same labels, policies the same selectors), and
 // a small map costs some 300 bytes; sharing them is most of what a source holds. What is shared
 // is read-only like every part of a stored object.
@@ -19,10 +19,11 @@ import (
 // end. The objects keep what they share. Safe for concurrent use; the nil *Interner shares
 // nothing.
 type Interner struct {
-	mu         sync.Mutex
-	labels     map[string]map[string]string
-	containers map[string][]corev1.Container
-	key        []byte // scratch for the table keys, under mu
+	mu      sync.Mutex
+	labels  map[string]map[string]string
+	ports   map[string][]ContainerPort
+	strings map[string]string
+	key     []byte // scratch for the table keys, under mu
 }
 
 // internLimit bounds the entries of each table of an Interner: far more distinct label sets than
@@ -32,7 +33,7 @@ const internLimit = 4096
 
 // NewInterner returns an empty Interner.
 func NewInterner() *Interner {
-	return &Interner{labels: map[string]map[string]string{}, containers: map[string][]corev1.Container{}}
+	return &Interner{labels: map[string]map[string]string{}, ports: map[string][]ContainerPort{}, strings: map[string]string{}}
 }
 
 // Labels returns a map equal to m (nil for nil, empty for empty), the same for every equal m
@@ -65,32 +66,50 @@ func (in *Interner) Labels(m map[string]string) map[string]string {
 	return m
 }
 
-// containerPorts keeps, for each container that has ports, only the ports' name, number and
-// protocol. It returns nil when no container has ports, and through in the same slice for
-// containers with the same ports.
-func (in *Interner) containerPorts(containers []corev1.Container) []corev1.Container {
+// String returns a string equal to s, the same for every equal s since the table was last
+// started again: for the names thousands of pods repeat (namespace, node).
+func (in *Interner) String(s string) string {
+	if in == nil || s == "" {
+		return s
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if c, ok := in.strings[s]; ok {
+		return c
+	}
+	if len(in.strings) >= internLimit {
+		in.strings = map[string]string{}
+	}
+	in.strings[s] = s
+	return s
+}
+
+// containerPortList returns the ports of containers (nil when they have none), the same slice for equal
+// lists since the table was last started again.
+func (in *Interner) containerPortList(containers []corev1.Container) []ContainerPort {
 	n := 0
 	for i := range containers {
-		if len(containers[i].Ports) > 0 {
-			n++
-		}
+		n += len(containers[i].Ports)
 	}
 	if n == 0 {
 		return nil
 	}
+	build := func() []ContainerPort {
+		out := make([]ContainerPort, 0, n)
+		for i := range containers {
+			for _, p := range containers[i].Ports {
+				out = append(out, ContainerPort{Name: p.Name, Port: p.ContainerPort, Protocol: p.Protocol})
+			}
+		}
+		return out
+	}
 	if in == nil {
-		return buildContainerPorts(containers, n)
+		return build()
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	// What the result is made of, and nothing else: a count of ports for each container that
-	// has some, then each port.
 	b := in.key[:0]
 	for i := range containers {
-		if len(containers[i].Ports) == 0 {
-			continue
-		}
-		b = binary.AppendUvarint(b, uint64(len(containers[i].Ports)))
 		for _, p := range containers[i].Ports {
 			b = appendString(b, p.Name)
 			b = binary.AppendUvarint(b, uint64(uint32(p.ContainerPort)))
@@ -98,31 +117,15 @@ func (in *Interner) containerPorts(containers []corev1.Container) []corev1.Conta
 		}
 	}
 	in.key = b
-	if c, ok := in.containers[string(b)]; ok {
+	if c, ok := in.ports[string(b)]; ok {
 		return c
 	}
-	if len(in.containers) >= internLimit {
-		in.containers = map[string][]corev1.Container{}
+	if len(in.ports) >= internLimit {
+		in.ports = map[string][]ContainerPort{}
 	}
-	c := buildContainerPorts(containers, n)
-	in.containers[string(b)] = c
+	c := build()
+	in.ports[string(b)] = c
 	return c
-}
-
-// buildContainerPorts is containerPorts without sharing; n is the number of containers with ports.
-func buildContainerPorts(containers []corev1.Container, n int) []corev1.Container {
-	out := make([]corev1.Container, 0, n)
-	for i := range containers {
-		if len(containers[i].Ports) == 0 {
-			continue
-		}
-		ports := make([]corev1.ContainerPort, len(containers[i].Ports))
-		for j, p := range containers[i].Ports {
-			ports[j] = corev1.ContainerPort{Name: p.Name, ContainerPort: p.ContainerPort, Protocol: p.Protocol}
-		}
-		out = append(out, corev1.Container{Ports: ports})
-	}
-	return out
 }
 
 // appendString appends s with its length, so that a sequence of them reads back one way only.

@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"fmt"
+	"net/netip"
 	"reflect"
 	"testing"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -52,9 +54,10 @@ func TestInternerBounded(t *testing.T) {
 	in := NewInterner()
 	for i := range 3*internLimit + 5 {
 		in.Labels(map[string]string{"app": "web", "pod-template-hash": fmt.Sprint(i)})
-		in.containerPorts([]corev1.Container{{Ports: []corev1.ContainerPort{{ContainerPort: int32(i + 1)}}}})
-		if len(in.labels) > internLimit || len(in.containers) > internLimit {
-			t.Fatalf("after %d sets: %d label sets, %d port lists held", i+1, len(in.labels), len(in.containers))
+		in.containerPortList([]corev1.Container{{Ports: []corev1.ContainerPort{{ContainerPort: int32(i + 1)}}}})
+		in.String(fmt.Sprint("ns-", i))
+		if len(in.labels) > internLimit || len(in.ports) > internLimit || len(in.strings) > internLimit {
+			t.Fatalf("after %d sets: %d label sets, %d port lists, %d strings held", i+1, len(in.labels), len(in.ports), len(in.strings))
 		}
 	}
 	a := in.Labels(map[string]string{"app": "db"})
@@ -78,23 +81,34 @@ func testPod(name, app string, port int32) *corev1.Pod {
 	}
 }
 
-func TestInternerStripPod(t *testing.T) {
+func TestInternerPod(t *testing.T) {
 	in := NewInterner()
 	p1, p2, p3 := testPod("a", "web", 80), testPod("b", "web", 80), testPod("c", "db", 5432)
-	s1, s2, s3 := in.StripPod(p1), in.StripPod(p2), in.StripPod(p3)
 	for _, p := range []*corev1.Pod{p1, p2, p3} {
-		if got, want := in.StripPod(p), StripPod(p); !reflect.DeepEqual(got, want) {
-			t.Errorf("interned %+v\nwant %+v", got, want)
-		}
+		DefaultPod(p)
 	}
-	if !same(s1.Labels, s2.Labels) || !same(s1.Spec.Containers, s2.Spec.Containers) {
-		t.Error("equal labels or ports of two pods are not shared")
+	s1, s2, s3 := in.Pod(p1), in.Pod(p2), in.Pod(p3)
+	want := &Pod{Namespace: "ns", Name: "a", Labels: map[string]string{"app": "web"}, NodeName: "node-0", Phase: corev1.PodRunning,
+		IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, Ports: []ContainerPort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}
+	if !reflect.DeepEqual(s1, want) {
+		t.Errorf("kept %+v\nwant %+v", s1, want)
 	}
-	if same(s1.Labels, s3.Labels) || same(s1.Spec.Containers, s3.Spec.Containers) {
+	if got := (*Interner)(nil).Pod(p1); !reflect.DeepEqual(got, want) {
+		t.Errorf("kept without an Interner %+v\nwant %+v", got, want)
+	}
+	if !same(s1.Labels, s2.Labels) || &s1.Ports[0] != &s2.Ports[0] || unsafe.StringData(s1.NodeName) != unsafe.StringData(s2.NodeName) {
+		t.Error("equal labels, ports or node names of two pods are not shared")
+	}
+	if same(s1.Labels, s3.Labels) || &s1.Ports[0] == &s3.Ports[0] {
 		t.Error("different labels or ports are shared")
 	}
-	if s1.Spec.InitContainers != nil {
-		t.Errorf("init containers without ports kept: %v", s1.Spec.InitContainers)
+	if back := PodOf(s1.APIObject()); !reflect.DeepEqual(back, s1) {
+		t.Errorf("APIObject and PodOf do not round-trip: %+v, want %+v", back, s1)
+	}
+	mapped := testPod("d", "web", 80)
+	mapped.Status.PodIPs, mapped.Status.PodIP = []corev1.PodIP{{IP: "::ffff:10.0.0.4"}, {IP: "fd00::4"}}, ""
+	if got := in.Pod(mapped).IPs; !reflect.DeepEqual(got, []netip.Addr{netip.MustParseAddr("10.0.0.4"), netip.MustParseAddr("fd00::4")}) {
+		t.Errorf("IPs %v, want podIPs in their order, unmapped", got)
 	}
 }
 

@@ -13,11 +13,12 @@ import (
 )
 
 // State is an immutable snapshot of the objects the agent uses. Maps are keyed by name for
-// cluster-scoped objects and by "namespace/name" for namespaced ones. Consumers must not mutate
+// cluster-scoped objects and by "namespace/name" for namespaced ones; the pods are a PodMap,
+// whose snapshots share most of their parts. Consumers must not mutate
 // the objects; sources hand out shared pointers to keep snapshots cheap at thousands of pods.
 type State struct {
 	Namespaces map[string]*corev1.Namespace
-	Pods       map[string]*corev1.Pod
+	Pods       *PodMap
 	Policies   map[string]*networkingv1.NetworkPolicy
 	Nodes      map[string]*corev1.Node
 	// ClusterPolicies holds the ClusterNetworkPolicies (policy.networking.k8s.io, both tiers)
@@ -46,7 +47,7 @@ type Changes struct {
 func NewState() *State {
 	return &State{
 		Namespaces: map[string]*corev1.Namespace{},
-		Pods:       map[string]*corev1.Pod{},
+		Pods:       &PodMap{},
 		Policies:   map[string]*networkingv1.NetworkPolicy{},
 		Nodes:      map[string]*corev1.Node{},
 
@@ -83,7 +84,7 @@ func (s *State) Clone() *State {
 	// maps.Clone copies the hash table as it is, several times faster than re-inserting.
 	return &State{
 		Namespaces: cloneMap(s.Namespaces),
-		Pods:       cloneMap(s.Pods),
+		Pods:       s.Pods.Clone(),
 		Policies:   cloneMap(s.Policies),
 		Nodes:      cloneMap(s.Nodes),
 

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,8 +15,8 @@ import (
 //   - metadata: name, namespace, labels, resourceVersion and uid;
 //   - Namespace: metadata only;
 //   - Pod: spec.nodeName, spec.hostNetwork, the ports (name, containerPort, protocol) of containers
-//     and init containers (containers without ports are dropped, and so are container names,
-//     images...), status.phase, status.podIP and status.podIPs;
+//     and init containers (and nothing else of them), status.phase, status.podIP and status.podIPs; what the agent keeps of it
+//     is a Pod (Interner.Pod), made of the stripped pod once defaulted and validated;
 //   - Node: spec.podCIDRs and status.addresses;
 //   - NetworkPolicy: spec.
 //
@@ -28,8 +30,47 @@ import (
 // StripMeta keeps name, namespace, labels (shared), resourceVersion and uid.
 func StripMeta(m *metav1.ObjectMeta) metav1.ObjectMeta { return (*Interner)(nil).StripMeta(m) }
 
-// StripPod returns what the agent reads of pod.
-func StripPod(pod *corev1.Pod) *corev1.Pod { return (*Interner)(nil).StripPod(pod) }
+// StripPod returns what the agent reads of pod, in a corev1.Pod of its own (the ports copied) that
+// DefaultPod and ValidatePod can work on before Interner.Pod keeps what is needed of it.
+func StripPod(pod *corev1.Pod) *corev1.Pod {
+	out := &corev1.Pod{
+		ObjectMeta: StripMeta(&pod.ObjectMeta),
+		Spec: corev1.PodSpec{
+			NodeName:       pod.Spec.NodeName,
+			HostNetwork:    pod.Spec.HostNetwork,
+			InitContainers: containerPorts(pod.Spec.InitContainers),
+			Containers:     containerPorts(pod.Spec.Containers),
+		},
+		Status: corev1.PodStatus{
+			Phase: pod.Status.Phase,
+			PodIP: pod.Status.PodIP,
+		},
+	}
+	if len(pod.Status.PodIPs) > 0 {
+		out.Status.PodIPs = append([]corev1.PodIP(nil), pod.Status.PodIPs...) // exact size
+	}
+	return out
+}
+
+// containerPorts keeps, of each container, only the ports' name, number and protocol; nil when no
+// container has ports. The containers keep their places, for validation to name.
+func containerPorts(containers []corev1.Container) []corev1.Container {
+	if !slices.ContainsFunc(containers, func(c corev1.Container) bool { return len(c.Ports) > 0 }) {
+		return nil
+	}
+	out := make([]corev1.Container, len(containers))
+	for i := range containers {
+		if len(containers[i].Ports) == 0 {
+			continue
+		}
+		ports := make([]corev1.ContainerPort, len(containers[i].Ports))
+		for j, p := range containers[i].Ports {
+			ports[j] = corev1.ContainerPort{Name: p.Name, ContainerPort: p.ContainerPort, Protocol: p.Protocol}
+		}
+		out[i] = corev1.Container{Ports: ports}
+	}
+	return out
+}
 
 // StripNamespace returns what the agent reads of ns: its metadata.
 func StripNamespace(ns *corev1.Namespace) *corev1.Namespace {
@@ -74,27 +115,6 @@ func KeptAnnotations(a map[string]string) map[string]string {
 		return stagedTrue
 	}
 	return map[string]string{StagedAnnotation: v}
-}
-
-// StripPod is cluster.StripPod, with the labels and container port lists interned.
-func (in *Interner) StripPod(pod *corev1.Pod) *corev1.Pod {
-	out := &corev1.Pod{
-		ObjectMeta: in.StripMeta(&pod.ObjectMeta),
-		Spec: corev1.PodSpec{
-			NodeName:       pod.Spec.NodeName,
-			HostNetwork:    pod.Spec.HostNetwork,
-			InitContainers: in.containerPorts(pod.Spec.InitContainers),
-			Containers:     in.containerPorts(pod.Spec.Containers),
-		},
-		Status: corev1.PodStatus{
-			Phase: pod.Status.Phase,
-			PodIP: pod.Status.PodIP,
-		},
-	}
-	if len(pod.Status.PodIPs) > 0 {
-		out.Status.PodIPs = append([]corev1.PodIP(nil), pod.Status.PodIPs...) // exact size
-	}
-	return out
 }
 
 // StripNamespace is cluster.StripNamespace, with the labels interned.

@@ -17,8 +17,10 @@ var generations atomic.Uint64
 
 // Tracker holds the current objects of a source, changed one at a time as events arrive,
 // and hands out immutable snapshots that say which keys changed since the previous one. A
-// snapshot costs a copy of the maps' hash tables, not a walk over the objects, and lets the
-// policy compiler work in proportion to the change. Safe for concurrent use.
+// snapshot costs a copy of the hash tables of the kinds that changed, not a walk over the
+// objects (the pods, which may number 150,000, are a PodMap, of which a change after a snapshot
+// copies one shard), and lets the policy compiler work in proportion to the change. Safe for
+// concurrent use.
 type Tracker struct {
 	mu    sync.Mutex
 	cur   State
@@ -38,8 +40,8 @@ type Tracker struct {
 	// publishing makes a new FileHashes of them, which shares the bulk with the old.
 	pendingFiles map[string]string
 
-	// spare holds, per kind, a copy of cur's map made in the background after a snapshot
-	// shared it, so that the next change of that kind takes the copy instead of making it
+	// spare holds, per kind (pods aside), a copy of cur's map made in the background after a
+	// snapshot shared it, so that the next change of that kind takes the copy instead of making it
 	// then: at thousands of objects the copy costs a change a few hundred microseconds. A
 	// spare is for the map of mapGen[kind] it was made of; a map replaced since leaves it
 	// unused.
@@ -117,7 +119,15 @@ func (t *Tracker) SetNamespace(name string, ns *corev1.Namespace) {
 }
 
 // SetPod stores pod under key (namespace/name), or removes key when pod is nil.
-func (t *Tracker) SetPod(key string, pod *corev1.Pod) { put(t, &t.cur.Pods, kindPod, key, pod) }
+func (t *Tracker) SetPod(key string, pod *Pod) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cur.Pods.Get(key) == pod { // stored pods are never nil
+		return
+	}
+	t.cur.Pods.Set(key, pod) // copies only the shard of key, when a snapshot shares it
+	t.dirty[kindPod][key] = struct{}{}
+}
 
 // SetPolicy stores np under key (namespace/name), or removes key when np is nil.
 func (t *Tracker) SetPolicy(key string, np *networkingv1.NetworkPolicy) {
@@ -213,7 +223,7 @@ func (t *Tracker) publishFiles() {
 func (t *Tracker) Counts() (namespaces, pods, policies, nodes int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.cur.Namespaces), len(t.cur.Pods), len(t.cur.Policies), len(t.cur.Nodes)
+	return len(t.cur.Namespaces), t.cur.Pods.Len(), len(t.cur.Policies), len(t.cur.Nodes)
 }
 
 // ClusterPolicyCount returns how many ClusterNetworkPolicies are stored (see Counts).
@@ -236,7 +246,7 @@ func (t *Tracker) Snapshot() *State {
 		return t.last
 	}
 	t.publishFiles()
-	st := &State{Namespaces: t.cur.Namespaces, Pods: t.cur.Pods, Policies: t.cur.Policies, Nodes: t.cur.Nodes,
+	st := &State{Namespaces: t.cur.Namespaces, Pods: t.cur.Pods.Clone(), Policies: t.cur.Policies, Nodes: t.cur.Nodes,
 		ClusterPolicies: t.cur.ClusterPolicies, Generation: generations.Add(1), Revision: t.cur.Revision}
 	t.shared = [5]bool{true, true, true, true, true}
 	t.rvShared, t.revisionChanged = true, false
@@ -301,9 +311,6 @@ func (t *Tracker) prepareSpares() {
 	if ns := t.cur.Namespaces; need(kindNamespace, len(ns)) {
 		add(kindNamespace, t.mapGen[kindNamespace], func() any { return maps.Clone(ns) })
 	}
-	if pods := t.cur.Pods; need(kindPod, len(pods)) {
-		add(kindPod, t.mapGen[kindPod], func() any { return maps.Clone(pods) })
-	}
 	if nps := t.cur.Policies; need(kindPolicy, len(nps)) {
 		add(kindPolicy, t.mapGen[kindPolicy], func() any { return maps.Clone(nps) })
 	}
@@ -361,7 +368,7 @@ func NumberAfter(st, prev *State) {
 	st.Changes = &Changes{
 		Since:      prev.Generation,
 		Namespaces: changedKeys(prev.Namespaces, st.Namespaces),
-		Pods:       changedKeys(prev.Pods, st.Pods),
+		Pods:       changedPodKeys(prev.Pods, st.Pods),
 		Policies:   changedKeys(prev.Policies, st.Policies),
 		Nodes:      changedKeys(prev.Nodes, st.Nodes),
 

@@ -34,9 +34,9 @@ func TestTrackerChanges(t *testing.T) {
 				}
 				tr.SetNamespace(name, ns)
 			case 1:
-				var p *corev1.Pod
+				var p *Pod
 				if !del {
-					p = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name}}
+					p = &Pod{Namespace: "a", Name: name}
 				}
 				tr.SetPod(Key("a", name), p)
 			case 2:
@@ -58,7 +58,7 @@ func TestTrackerChanges(t *testing.T) {
 		}
 		st := tr.Snapshot()
 		if st == prev {
-			if !reflect.DeepEqual(st.Pods, tr.cur.Pods) || !reflect.DeepEqual(st.Policies, tr.cur.Policies) ||
+			if !st.Pods.Equal(tr.cur.Pods) || !reflect.DeepEqual(st.Policies, tr.cur.Policies) ||
 				!reflect.DeepEqual(st.Namespaces, tr.cur.Namespaces) || !reflect.DeepEqual(st.Nodes, tr.cur.Nodes) {
 				t.Fatalf("step %d: unchanged snapshot returned although objects changed", step)
 			}
@@ -88,10 +88,10 @@ func TestTrackerChanges(t *testing.T) {
 			}
 		}
 		// Later changes must not leak into a snapshot already handed out.
-		frozen := len(st.Pods) + len(st.Nodes)
-		tr.SetPod(Key("a", "late"), &corev1.Pod{})
+		frozen := st.Pods.Len() + len(st.Nodes)
+		tr.SetPod(Key("a", "late"), &Pod{})
 		tr.SetNode("late", &corev1.Node{})
-		if len(st.Pods)+len(st.Nodes) != frozen {
+		if st.Pods.Len()+len(st.Nodes) != frozen {
 			t.Fatalf("step %d: a snapshot changed after it was handed out", step)
 		}
 		tr.SetPod(Key("a", "late"), nil)
@@ -180,48 +180,49 @@ func TestTrackerSpares(t *testing.T) {
 			<-prepared
 		}
 	}
-	pod := func(name string) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name}}
+	// Policies: pods are held in a PodMap, whose snapshots share shards instead.
+	pod := func(name string) *networkingv1.NetworkPolicy {
+		return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name}}
 	}
 	for i := range spareMin + 10 {
-		tr.SetPod(Key("a", fmt.Sprint(i)), pod(fmt.Sprint(i)))
+		tr.SetPolicy(Key("a", fmt.Sprint(i)), pod(fmt.Sprint(i)))
 	}
 	var snaps []*State
-	var frozen []map[string]*corev1.Pod
+	var frozen []map[string]*networkingv1.NetworkPolicy
 	check := func(step int) {
 		t.Helper()
 		for i, st := range snaps {
-			if !maps.Equal(st.Pods, frozen[i]) {
+			if !maps.Equal(st.Policies, frozen[i]) {
 				t.Fatalf("step %d: snapshot %d changed after it was handed out", step, i)
 			}
 		}
 	}
 	for step := range 50 {
 		st := tr.Snapshot()
-		snaps, frozen = append(snaps, st), append(frozen, maps.Clone(st.Pods))
+		snaps, frozen = append(snaps, st), append(frozen, maps.Clone(st.Policies))
 		if step%3 != 2 {
 			wait() // the change below takes the spare; every third makes its own copy
 			tr.mu.Lock()
-			ready := tr.spare[kindPod].m != nil && tr.spare[kindPod].gen == tr.mapGen[kindPod]
+			ready := tr.spare[kindPolicy].m != nil && tr.spare[kindPolicy].gen == tr.mapGen[kindPolicy]
 			tr.mu.Unlock()
 			if !ready {
-				t.Fatalf("step %d: no spare of the pods map after the snapshot", step)
+				t.Fatalf("step %d: no spare of the policies map after the snapshot", step)
 			}
 		}
 		name := fmt.Sprint(step % 7)
 		if step%2 == 0 {
-			tr.SetPod(Key("a", name), pod(name+"-new"))
+			tr.SetPolicy(Key("a", name), pod(name+"-new"))
 		} else {
-			tr.SetPod(Key("a", name), nil)
+			tr.SetPolicy(Key("a", name), nil)
 		}
-		want := maps.Clone(st.Pods)
+		want := maps.Clone(st.Policies)
 		if step%2 == 0 {
-			want[Key("a", name)] = tr.cur.Pods[Key("a", name)]
+			want[Key("a", name)] = tr.cur.Policies[Key("a", name)]
 		} else {
 			delete(want, Key("a", name))
 		}
-		if !maps.Equal(tr.cur.Pods, want) {
-			t.Fatalf("step %d: the pods after the change differ from the snapshot's with the change", step)
+		if !maps.Equal(tr.cur.Policies, want) {
+			t.Fatalf("step %d: the policies after the change differ from the snapshot's with the change", step)
 		}
 		check(step)
 	}
@@ -229,15 +230,15 @@ func TestTrackerSpares(t *testing.T) {
 	// A spare of a map that was replaced since is left unused.
 	st := tr.Snapshot()
 	wait()
-	tr.SetPod(Key("a", "x"), pod("x")) // takes the spare
-	stale := tr.spare[kindPod]
+	tr.SetPolicy(Key("a", "x"), pod("x")) // takes the spare
+	stale := tr.spare[kindPolicy]
 	tr.mu.Lock()
-	tr.spare[kindPod] = spareMap{gen: tr.mapGen[kindPod] - 1, m: map[string]*corev1.Pod{}}
-	tr.shared[kindPod] = true
+	tr.spare[kindPolicy] = spareMap{gen: tr.mapGen[kindPolicy] - 1, m: map[string]*networkingv1.NetworkPolicy{}}
+	tr.shared[kindPolicy] = true
 	tr.mu.Unlock()
-	tr.SetPod(Key("a", "y"), pod("y"))
-	if len(tr.cur.Pods) != len(st.Pods)+2 || stale.m != nil {
-		t.Fatalf("a stale spare was used: %d pods, want %d", len(tr.cur.Pods), len(st.Pods)+2)
+	tr.SetPolicy(Key("a", "y"), pod("y"))
+	if len(tr.cur.Policies) != len(st.Policies)+2 || stale.m != nil {
+		t.Fatalf("a stale spare was used: %d policies, want %d", len(tr.cur.Policies), len(st.Policies)+2)
 	}
 	wait()
 }

@@ -38,7 +38,7 @@ func Run(out io.Writer, agentBin, examplesDir string) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("%s: %v", clusterFile, errs)
 	}
-	names := slices.Sorted(maps.Keys(st.Pods))
+	names := slices.Sorted(st.Pods.Keys())
 	expected, err := LoadExpected(expectedFile, names, ProbePorts)
 	if err != nil {
 		return err
@@ -59,10 +59,10 @@ func Run(out io.Writer, agentBin, examplesDir string) error {
 	}
 	var tpods []*testbed.Pod
 	for _, k := range names {
-		p := st.Pods[k]
+		p := st.Pods.Get(k)
 		var ports []corev1.ContainerPort
-		for _, c := range p.Spec.Containers {
-			ports = append(ports, c.Ports...)
+		for _, cp := range p.Ports {
+			ports = append(ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.Port, Protocol: cp.Protocol})
 		}
 		obj, tp, err := sim.AddPod(p.Namespace, p.Name, p.Labels, ports...)
 		if err != nil {

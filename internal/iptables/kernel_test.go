@@ -50,7 +50,7 @@ func stateWithPods(n int) *cluster.State {
 				{Name: "http", ContainerPort: int32(8000 + i), Protocol: corev1.ProtocolTCP}}}}},
 			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: fmt.Sprintf("10.0.0.%d", i+1)}, {IP: fmt.Sprintf("fd00::%d", i+1)}}},
 		}
-		st.Pods[cluster.Key("a", p.Name)] = p
+		st.Pods.Set(cluster.Key("a", p.Name), cluster.PodOf(p))
 	}
 	sctp := corev1.ProtocolSCTP
 	end := int32(90)

@@ -83,12 +83,12 @@ func (sb *stagedBed) compile(policies ...*networkingv1.NetworkPolicy) *policy.Ru
 	cluster.DefaultNamespace(ns)
 	st.Namespaces["x"] = ns
 	for _, p := range []*testbed.Pod{sb.client, sb.server} {
-		st.Pods[cluster.Key("x", p.Name)] = &corev1.Pod{
+		st.Pods.Set(cluster.Key("x", p.Name), cluster.PodOf(&corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: p.Name, Labels: map[string]string{"app": p.Name}},
 			Spec:       corev1.PodSpec{NodeName: "n1"},
 			Status: corev1.PodStatus{Phase: corev1.PodRunning,
 				PodIPs: []corev1.PodIP{{IP: p.IPv4.String()}, {IP: p.IPv6.String()}}},
-		}
+		}))
 	}
 	for _, np := range policies {
 		cluster.DefaultNetworkPolicy(np)

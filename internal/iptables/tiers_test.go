@@ -971,9 +971,9 @@ func compiledTiersState(n int, adminPriority int32) *cluster.State {
 			}}}
 	// The NetworkPolicy of stateWithPods isolates the pods for ingress and egress; one pod
 	// more, outside its selector, is judged by the baseline tier.
-	st.Pods["a/other"] = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "other"},
+	st.Pods.Set("a/other", cluster.PodOf(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "other"},
 		Spec:   corev1.PodSpec{NodeName: "n1"},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.200"}, {IP: "fd00::200"}}}}
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.200"}, {IP: "fd00::200"}}}}))
 	return st
 }
 

@@ -48,12 +48,12 @@ func Run(st *cluster.State, opts Options) *Report {
 func compileAll(st *cluster.State) (*policy.Ruleset, *cluster.State, map[string][]netip.Addr) {
 	st, standIns := policy.WithStandIns(st, lintNode)
 	local := *st
-	local.Pods = make(map[string]*corev1.Pod, len(st.Pods))
+	local.Pods = &cluster.PodMap{}
 	local.Changes = nil
-	for k, p := range st.Pods {
+	for k, p := range st.Pods.All() {
 		cp := *p
-		cp.Spec.NodeName = lintNode
-		local.Pods[k] = &cp
+		cp.NodeName = lintNode
+		local.Pods.Set(k, &cp)
 	}
 	rs, _ := policy.Compile(&local, lintNode)
 	return rs, &local, standIns
@@ -65,7 +65,7 @@ func compileAll(st *cluster.State) (*policy.Ruleset, *cluster.State, map[string]
 // judged at a stand-in address and a rule naming addresses takes part, the verdict depends on
 // the addresses they get: a warning, not an error.
 func checkDNS(r *Report, v *view, rs *policy.Ruleset, judged *cluster.State, standIns map[string][]netip.Addr, opts Options) {
-	var dns []*corev1.Pod
+	var dns []*cluster.Pod
 	for _, p := range v.pods {
 		if p.Namespace == opts.DNSNamespace && labels.SelectorFromSet(opts.DNSLabels).Matches(labels.Set(p.Labels)) {
 			dns = append(dns, p)
@@ -78,8 +78,8 @@ func checkDNS(r *Report, v *view, rs *policy.Ruleset, judged *cluster.State, sta
 	}
 	denied := map[cause][]string{}
 	var order []cause
-	keyOf := func(p *corev1.Pod) string { return cluster.Key(p.Namespace, p.Name) }
-	addrOf := func(p *corev1.Pod) []netip.Addr { return policy.EligibleIPs(judged.Pods[keyOf(p)]) }
+	keyOf := func(p *cluster.Pod) string { return cluster.Key(p.Namespace, p.Name) }
+	addrOf := func(p *cluster.Pod) []netip.Addr { return policy.EligibleIPs(judged.Pods.Get(keyOf(p))) }
 	for _, p := range v.pods {
 		if slices.Contains(dns, p) {
 			continue
@@ -132,12 +132,10 @@ func checkDNS(r *Report, v *view, rs *policy.Ruleset, judged *cluster.State, sta
 
 // dnsPort is the port a DNS pod serves on over UDP: the container port named dns, else 53.
 // Egress is judged after DNAT, so the Service's port 53 reaches the pod on this one.
-func dnsPort(p *corev1.Pod) uint16 {
-	for _, c := range p.Spec.Containers {
-		for _, cp := range c.Ports {
-			if cp.Name == "dns" && cp.Protocol == corev1.ProtocolUDP {
-				return uint16(cp.ContainerPort)
-			}
+func dnsPort(p *cluster.Pod) uint16 {
+	for _, cp := range p.Ports {
+		if cp.Name == "dns" && cp.Protocol == corev1.ProtocolUDP {
+			return uint16(cp.Port)
 		}
 	}
 	return 53

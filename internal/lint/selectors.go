@@ -8,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/netwarden/netwarden/internal/cluster"
 )
 
 // checkNetworkPolicies finds, in each NetworkPolicy, selectors that match no pod today, named
@@ -43,8 +45,8 @@ func checkNetworkPolicies(r *Report, v *view) {
 }
 
 // checkNPPeers checks one rule's peers and returns the pods they match together.
-func checkNPPeers(r *Report, v *view, obj, field, ns string, peers []networkingv1.NetworkPolicyPeer) []*corev1.Pod {
-	var all []*corev1.Pod
+func checkNPPeers(r *Report, v *view, obj, field, ns string, peers []networkingv1.NetworkPolicyPeer) []*cluster.Pod {
+	var all []*cluster.Pod
 	for j, p := range peers {
 		f := fmt.Sprintf("%s[%d]", field, j)
 		if b := p.IPBlock; b != nil {
@@ -64,7 +66,7 @@ func checkNPPeers(r *Report, v *view, obj, field, ns string, peers []networkingv
 }
 
 // checkNPPorts finds named ports that none of pods has.
-func checkNPPorts(r *Report, obj, field string, ports []networkingv1.NetworkPolicyPort, pods []*corev1.Pod, whose string) {
+func checkNPPorts(r *Report, obj, field string, ports []networkingv1.NetworkPolicyPort, pods []*cluster.Pod, whose string) {
 	for k, p := range ports {
 		if p.Port == nil || p.Port.Type != intstr.String {
 			continue

@@ -7,9 +7,10 @@ import (
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/netwarden/netwarden/internal/cluster"
 )
 
 // cnpRule is one rule of a ClusterNetworkPolicy, in the shape the checks compare.
@@ -111,7 +112,7 @@ func ruleName(r cnpRule) string {
 // addresses, and priorities that collide.
 func checkClusterPolicies(r *Report, v *view) {
 	names := sortedKeys(v.st.ClusterPolicies)
-	subjects := map[string][]*corev1.Pod{}
+	subjects := map[string][]*cluster.Pod{}
 	for _, name := range names {
 		cnp := v.st.ClusterPolicies[name]
 		obj := "ClusterNetworkPolicy " + name
@@ -176,21 +177,21 @@ func checkClusterPolicies(r *Report, v *view) {
 	}
 }
 
-func overlap(a, b []*corev1.Pod) bool {
-	return slices.ContainsFunc(a, func(p *corev1.Pod) bool { return slices.Contains(b, p) })
+func overlap(a, b []*cluster.Pod) bool {
+	return slices.ContainsFunc(a, func(p *cluster.Pod) bool { return slices.Contains(b, p) })
 }
 
 // checkCNPPeers checks one rule's peers: pods and nodes selected, named ports, and Deny rules
 // over the nodes' addresses.
-func checkCNPPeers(r *Report, v *view, obj string, rule cnpRule, egress bool, subj []*corev1.Pod) {
-	var peerPods []*corev1.Pod
+func checkCNPPeers(r *Report, v *view, obj string, rule cnpRule, egress bool, subj []*cluster.Pod) {
+	var peerPods []*cluster.Pod
 	peersField := "from"
 	if egress {
 		peersField = "to"
 	}
 	for k, p := range rule.peers {
 		f := fmt.Sprintf("%s.%s[%d]", rule.field, peersField, k)
-		var pods []*corev1.Pod
+		var pods []*cluster.Pod
 		var selectsPods bool
 		switch p := p.(type) {
 		case npav1beta1.ClusterNetworkPolicyIngressPeer:

@@ -16,14 +16,14 @@ import (
 // pods NetworkPolicy applies to (not host network, not finished), with or without an address.
 type view struct {
 	st   *cluster.State
-	pods []*corev1.Pod // sorted by key
+	pods []*cluster.Pod // sorted by key
 }
 
 func newView(st *cluster.State) *view {
 	v := &view{st: st}
-	for _, k := range sortedKeys(st.Pods) {
-		p := st.Pods[k]
-		if !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+	for _, k := range slices.Sorted(st.Pods.Keys()) {
+		p := st.Pods.Get(k)
+		if !p.HostNetwork && p.Phase != corev1.PodSucceeded && p.Phase != corev1.PodFailed {
 			v.pods = append(v.pods, p)
 		}
 	}
@@ -55,8 +55,8 @@ func (v *view) namespaceMatches(ns string, nsSel *metav1.LabelSelector, inNS str
 
 // pods lists the pods that nsSel and podSel match together; a nil nsSel means namespace inNS
 // (or every namespace when inNS is ""), a nil podSel every pod.
-func (v *view) matching(nsSel, podSel *metav1.LabelSelector, inNS string) []*corev1.Pod {
-	var out []*corev1.Pod
+func (v *view) matching(nsSel, podSel *metav1.LabelSelector, inNS string) []*cluster.Pod {
+	var out []*cluster.Pod
 	ps := selector(podSel)
 	for _, p := range v.pods {
 		if v.namespaceMatches(p.Namespace, nsSel, inNS) && ps.Matches(labels.Set(p.Labels)) {
@@ -67,7 +67,7 @@ func (v *view) matching(nsSel, podSel *metav1.LabelSelector, inNS string) []*cor
 }
 
 // npPeerPods lists the pods a NetworkPolicy peer of namespace ns matches (nil for an ipBlock).
-func (v *view) npPeerPods(ns string, nsSel, podSel *metav1.LabelSelector) []*corev1.Pod {
+func (v *view) npPeerPods(ns string, nsSel, podSel *metav1.LabelSelector) []*cluster.Pod {
 	if nsSel == nil {
 		return v.matching(nil, podSel, ns)
 	}
@@ -75,7 +75,7 @@ func (v *view) npPeerPods(ns string, nsSel, podSel *metav1.LabelSelector) []*cor
 }
 
 // subjectPods lists the pods a ClusterNetworkPolicy's subject selects.
-func (v *view) subjectPods(s npav1beta1.ClusterNetworkPolicySubject) []*corev1.Pod {
+func (v *view) subjectPods(s npav1beta1.ClusterNetworkPolicySubject) []*cluster.Pod {
 	if s.Namespaces != nil {
 		return v.matching(s.Namespaces, nil, "")
 	}
@@ -86,7 +86,7 @@ func (v *view) subjectPods(s npav1beta1.ClusterNetworkPolicySubject) []*corev1.P
 }
 
 // cnpPeerPods lists the pods a ClusterNetworkPolicy pod or namespace peer selects.
-func (v *view) cnpPeerPods(namespaces *metav1.LabelSelector, pods *npav1beta1.NamespacedPod) []*corev1.Pod {
+func (v *view) cnpPeerPods(namespaces *metav1.LabelSelector, pods *npav1beta1.NamespacedPod) []*cluster.Pod {
 	if namespaces != nil {
 		return v.matching(namespaces, nil, "")
 	}
@@ -110,13 +110,11 @@ func (v *view) nodes(sel *metav1.LabelSelector) []string {
 
 // hasNamedPort reports whether some pod of pods has a container port named name (of protocol
 // proto, when set).
-func hasNamedPort(pods []*corev1.Pod, name string, proto corev1.Protocol) bool {
-	return slices.ContainsFunc(pods, func(p *corev1.Pod) bool {
-		for _, c := range p.Spec.Containers {
-			for _, cp := range c.Ports {
-				if cp.Name == name && (proto == "" || cp.Protocol == proto || cp.Protocol == "" && proto == corev1.ProtocolTCP) {
-					return true
-				}
+func hasNamedPort(pods []*cluster.Pod, name string, proto corev1.Protocol) bool {
+	return slices.ContainsFunc(pods, func(p *cluster.Pod) bool {
+		for _, cp := range p.Ports {
+			if cp.Name == name && (proto == "" || cp.Protocol == proto || cp.Protocol == "" && proto == corev1.ProtocolTCP) {
+				return true
 			}
 		}
 		return false

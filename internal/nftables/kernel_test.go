@@ -38,7 +38,7 @@ func stateWithPods(n int) *cluster.State {
 			Spec:       corev1.PodSpec{NodeName: "n1"},
 			Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: ip}, {IP: "fd00::" + string(rune('1'+i))}}},
 		}
-		st.Pods[cluster.Key("a", p.Name)] = p
+		st.Pods.Set(cluster.Key("a", p.Name), cluster.PodOf(p))
 	}
 	np := &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web"},
@@ -221,9 +221,9 @@ func testNetlinkAndCLI(t *testing.T, log *policy.DropLog) {
 		}
 		cluster.DefaultNetworkPolicy(np)
 		next.Policies["a/more"] = np
-		p := next.Pods["a/pb"].DeepCopy()
-		p.Spec.Containers = []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}}
-		next.Pods["a/pb"] = p
+		p := *next.Pods.Get("a/pb")
+		p.Ports = []cluster.ContainerPort{{Name: "http", Port: 8080, Protocol: corev1.ProtocolTCP}}
+		next.Pods.Set("a/pb", &p)
 		rs2, _ := policy.Compile(next, "n1")
 		r2 := (&Renderer{log: log, counters: log != nil}).Render(rs2)
 		if p := diff(b.applied, r2); !p.netlinkable(r2) || len(p.newChains) == 0 {
@@ -389,9 +389,6 @@ func TestKernelLongPolicyNames(t *testing.T) {
 		st := stateWithPods(2)
 		long := strings.Repeat("n", 63)
 		name := strings.Repeat(strings.Repeat("p", 63)+".", 3) + strings.Repeat("p", 61)
-		for _, p := range st.Pods {
-			p.Namespace = long
-		}
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: long}}
 		cluster.DefaultNamespace(ns)
 		st.Namespaces[long] = ns
@@ -402,9 +399,11 @@ func TestKernelLongPolicyNames(t *testing.T) {
 		}
 		st.Policies = map[string]*networkingv1.NetworkPolicy{cluster.Key(long, name): np}
 		pods := st.Pods
-		st.Pods = map[string]*corev1.Pod{}
-		for _, p := range pods {
-			st.Pods[cluster.Key(long, p.Name)] = p
+		st.Pods = &cluster.PodMap{}
+		for _, p := range pods.All() {
+			c := *p
+			c.Namespace = long
+			st.Pods.Set(cluster.Key(long, p.Name), &c)
 		}
 		rs, _ := policy.Compile(st, "n1")
 		if len(rs.Policies) != 2 {

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"fmt"
+	"maps"
 	"testing"
 
 	"github.com/netwarden/netwarden/internal/cluster"
@@ -20,12 +21,13 @@ func BenchmarkOneLabelChanged(b *testing.B) {
 	var rd Renderer
 	rs, _ := cc.Compile(objects.Snapshot())
 	prev := rd.Render(rs)
-	pod := base.Pods["ns-00001/pod-000001"]
+	pod := base.Pods.Get("ns-00001/pod-000001")
 	i := 0
 	for b.Loop() {
-		p := pod.DeepCopy()
+		p := *pod
+		p.Labels = maps.Clone(pod.Labels)
 		p.Labels["app"] = fmt.Sprintf("app-%d", 1+i%9)
-		objects.SetPod("ns-00001/pod-000001", p)
+		objects.SetPod("ns-00001/pod-000001", &p)
 		rs, _ := cc.Compile(objects.Snapshot())
 		next := rd.Render(rs)
 		diff(prev, next)

@@ -133,7 +133,7 @@ func (cc *Compiler) clusterSubject(cnp *npav1beta1.ClusterNetworkPolicy, ccp *co
 		if !nsSel.sel.Matches(cc.nsLabels[pi.pod.Namespace]) {
 			continue
 		}
-		if podSel.sel != nil && !podSel.sel.Matches(pi.labels) {
+		if podSel.sel != nil && !podSel.sel.Matches(pi.labels()) {
 			continue
 		}
 		selected = append(selected, pi)

@@ -20,12 +20,12 @@ func tierState() *cluster.State {
 		st.Namespaces[name] = ns
 	}
 	pod := func(ns, name, node, app, ip string) {
-		st.Pods[cluster.Key(ns, name)] = &corev1.Pod{
+		st.Pods.Set(cluster.Key(ns, name), cluster.PodOf(&corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": app}},
 			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c",
 				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}}},
 			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: ip}}},
-		}
+		}))
 	}
 	pod("a", "p1", "n1", "web", "10.0.0.1")
 	pod("a", "p2", "n2", "web", "10.0.1.1")

@@ -44,11 +44,9 @@ type Compiler struct {
 	// judgement of what those would change (Ruleset.Staged).
 	written *Compiler
 
-	podPtr   map[string]*corev1.Pod         // every pod of the previous snapshot
-	pods     map[string]*podInfo            // its eligible pods
+	pods     map[string]*podInfo            // every pod of the previous snapshot
 	local    map[string]*podInfo            // its eligible pods on this node
-	byNS     map[string]map[string]*podInfo // eligible pods per namespace
-	byPort   map[string]map[string]*podInfo // eligible pods per container port name
+	byNS     map[string]map[string]*podInfo // its eligible pods per namespace
 	nsPtr    map[string]*corev1.Namespace
 	nsLabels map[string]labels.Set // including namespaces implied by pods
 
@@ -101,11 +99,9 @@ func NewCompiler(node string) *Compiler {
 	return &Compiler{
 		node:      node,
 		sels:      selectorCache{cur: map[*metav1.LabelSelector]parsedSelector{}},
-		podPtr:    map[string]*corev1.Pod{},
 		pods:      map[string]*podInfo{},
 		local:     map[string]*podInfo{},
 		byNS:      map[string]map[string]*podInfo{},
-		byPort:    map[string]map[string]*podInfo{},
 		nsPtr:     map[string]*corev1.Namespace{},
 		nsLabels:  map[string]labels.Set{},
 		policyNS:  map[string]map[string]*networkingv1.NetworkPolicy{},
@@ -125,7 +121,7 @@ func (cc *Compiler) markLocalChanges(changes []podChange) bool {
 	found := false
 	for _, c := range changes {
 		for _, pi := range [2]*podInfo{c.old, c.new} {
-			if pi != nil && pi.pod.Spec.NodeName == cc.node {
+			if pi != nil && pi.pod.NodeName == cc.node {
 				cc.markNamespaceDirty(pi.pod.Namespace)
 				found = true
 			}
@@ -429,7 +425,7 @@ func (cc *Compiler) compileNamespacePolicies(ns string, local []*podInfo, prev *
 		sel := cc.sels.get(&np.Spec.PodSelector).sel
 		selected = selected[:0]
 		for _, pi := range local {
-			if sel.Matches(pi.labels) {
+			if sel.Matches(pi.labels()) {
 				selected = append(selected, pi)
 			}
 		}
@@ -477,7 +473,7 @@ func (cc *Compiler) dispatch(namer *groupNamer, into map[netip.Addr]string, grou
 	}
 	sort.Strings(pods)
 	for _, pk := range pods {
-		for _, ip := range cc.local[pk].ips {
+		for _, ip := range cc.local[pk].ips() {
 			// Two live pods claiming one IP is a transient state (IP reuse); the pod
 			// key order makes the winner deterministic until the stale pod goes away.
 			if owner[ip] {

@@ -38,7 +38,7 @@ func testState() *cluster.State {
 		pod("a", "db", "n1", "10.0.0.2", map[string]string{"app": "db"}),
 		pod("b", "client", "n2", "10.0.1.1", map[string]string{"app": "client"}),
 	} {
-		st.Pods[cluster.Key(p.Namespace, p.Name)] = p
+		st.Pods.Set(cluster.Key(p.Namespace, p.Name), cluster.PodOf(p))
 	}
 	tcp := corev1.ProtocolTCP
 	np := &networkingv1.NetworkPolicy{
@@ -101,8 +101,12 @@ func TestCompileSelectsOnlyLocalTargets(t *testing.T) {
 
 func TestIneligiblePodsAreNeitherTargetsNorPeers(t *testing.T) {
 	st := testState()
-	st.Pods["b/client"].Status.Phase = corev1.PodSucceeded
-	st.Pods["a/web"].Spec.HostNetwork = true
+	client := *st.Pods.Get("b/client")
+	client.Phase = corev1.PodSucceeded
+	st.Pods.Set("b/client", &client)
+	web := *st.Pods.Get("a/web")
+	web.HostNetwork = true
+	st.Pods.Set("a/web", &web)
 	rs, stats := Compile(st, "n1")
 	if stats.IsolatedPods != 0 || len(rs.AddrSets) != 0 {
 		t.Fatalf("stats=%+v sets=%v", stats, rs.AddrSets)

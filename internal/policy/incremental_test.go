@@ -2,9 +2,11 @@ package policy_test
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -51,22 +53,22 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 		switch r.IntN(14) {
 		case 0: // relabel a pod
 			k := keys[r.IntN(len(keys))]
-			p := next.Pods[k].DeepCopy()
+			p := clonePod(next.Pods.Get(k))
 			p.Labels["app"] = fmt.Sprintf("app-%d", r.IntN(10))
 			p.Labels["tier"] = []string{"web", "api", "db"}[r.IntN(3)]
-			next.Pods[k] = p
+			next.Pods.Set(k, p)
 			what = "relabel " + k
 		case 1: // delete a pod
 			k := keys[r.IntN(len(keys))]
-			delete(next.Pods, k)
+			next.Pods.Set(k, nil)
 			what = "delete " + k
 		case 2: // add a pod, sometimes local, sometimes reusing an IP
-			src := next.Pods[keys[r.IntN(len(keys))]].DeepCopy()
+			src := clonePod(next.Pods.Get(keys[r.IntN(len(keys))]))
 			src.Name = fmt.Sprintf("new-%d", step)
 			if r.IntN(2) == 0 {
-				src.Spec.NodeName = spec.LocalNode
+				src.NodeName = spec.LocalNode
 			}
-			next.Pods[cluster.Key(src.Namespace, src.Name)] = src
+			next.Pods.Set(cluster.Key(src.Namespace, src.Name), src)
 			what = "add " + src.Name
 		case 3: // relabel a namespace
 			name := fmt.Sprintf("ns-%05d", r.IntN(spec.Namespaces))
@@ -79,9 +81,9 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 			what = "relabel ns " + ns.Name
 		case 4: // finish a pod
 			k := keys[r.IntN(len(keys))]
-			p := next.Pods[k].DeepCopy()
-			p.Status.Phase = corev1.PodSucceeded
-			next.Pods[k] = p
+			p := clonePod(next.Pods.Get(k))
+			p.Phase = corev1.PodSucceeded
+			next.Pods.Set(k, p)
 			what = "finish " + k
 		case 5: // delete a policy
 			for k := range next.Policies {
@@ -91,9 +93,9 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 			}
 		case 6: // change a pod's named port number
 			k := keys[r.IntN(len(keys))]
-			p := next.Pods[k].DeepCopy()
-			p.Spec.Containers[0].Ports[1].ContainerPort = int32(9000 + r.IntN(5))
-			next.Pods[k] = p
+			p := clonePod(next.Pods.Get(k))
+			p.Ports[1].Port = int32(9000 + r.IntN(5))
+			next.Pods.Set(k, p)
 			what = "port " + k
 		case 7: // add a policy: a copy of one with another name and selector
 			for _, np := range next.Policies {
@@ -109,13 +111,13 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 			delete(next.Namespaces, ns)
 			what = "delete ns " + ns
 		case 9: // add a pod in a namespace no object declares
-			src := next.Pods[keys[r.IntN(len(keys))]].DeepCopy()
+			src := clonePod(next.Pods.Get(keys[r.IntN(len(keys))]))
 			src.Namespace = fmt.Sprintf("implied-%d", r.IntN(3))
 			src.Name = fmt.Sprintf("new-%d", step)
 			if r.IntN(2) == 0 {
-				src.Spec.NodeName = spec.LocalNode
+				src.NodeName = spec.LocalNode
 			}
-			next.Pods[cluster.Key(src.Namespace, src.Name)] = src
+			next.Pods.Set(cluster.Key(src.Namespace, src.Name), src)
 			what = "add implied " + src.Namespace + "/" + src.Name
 		case 10: // add a ClusterNetworkPolicy: only the tiers change
 			cnp := synth.ClusterPolicy(r.IntN(200))
@@ -191,10 +193,20 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 	}
 }
 
+// clonePod returns a copy of p that may be modified: its labels, addresses and ports are its
+// own (p's may be shared with other pods and snapshots).
+func clonePod(p *cluster.Pod) *cluster.Pod {
+	c := *p
+	c.Labels = maps.Clone(p.Labels)
+	c.IPs = slices.Clone(p.IPs)
+	c.Ports = slices.Clone(p.Ports)
+	return &c
+}
+
 // podKeys returns the keys of st's pods, sorted.
 func podKeys(st *cluster.State) []string {
 	var ks []string
-	for k := range st.Pods {
+	for k := range st.Pods.Keys() {
 		ks = append(ks, k)
 	}
 	return sortedStrings(ks)

@@ -36,13 +36,13 @@ func TestNarrowsKeepsItsPromise(t *testing.T) {
 		switch r.IntN(6) {
 		case 0: // relabel a pod
 			k := keys[r.IntN(len(keys))]
-			p := next.Pods[k].DeepCopy()
+			p := clonePod(next.Pods.Get(k))
 			p.Labels["app"] = fmt.Sprintf("app-%d", r.IntN(10))
-			next.Pods[k] = p
+			next.Pods.Set(k, p)
 			what = "relabel " + k
 		case 1: // delete a pod
 			k := keys[r.IntN(len(keys))]
-			delete(next.Pods, k)
+			next.Pods.Set(k, nil)
 			what = "delete " + k
 		case 2: // delete a policy
 			for k := range next.Policies {
@@ -120,7 +120,7 @@ func TestNarrowsKeepsItsPromise(t *testing.T) {
 func firstNarrowed(prev, cur *policy.Ruleset, states ...*cluster.State) string {
 	var peers []netip.Addr
 	for _, st := range states {
-		for _, p := range st.Pods {
+		for _, p := range st.Pods.All() {
 			peers = append(peers, policy.EligibleIPs(p)...)
 		}
 	}

@@ -15,9 +15,9 @@ func BenchmarkCompileOneLabelChange(b *testing.B) {
 	base := synth.Generate(spec)
 	key := cluster.Key("ns-00001", "pod-000001")
 	changed := base.Clone()
-	p := changed.Pods[key].DeepCopy()
+	p := clonePod(changed.Pods.Get(key))
 	p.Labels["app"] = "app-5"
-	changed.Pods[key] = p
+	changed.Pods.Set(key, p)
 	c := policy.NewCompiler(spec.LocalNode)
 	c.Compile(base)
 	i := 0

@@ -12,13 +12,19 @@ import (
 	"github.com/netwarden/netwarden/internal/cluster"
 )
 
-// podInfo is an eligible pod: running or pending with IPs, not on the host network.
+// podInfo is a pod of the snapshot, and whether it is eligible: running or pending with IPs,
+// not on the host network. The compiler holds one per pod of the cluster, so it keeps nothing
+// the pod has.
 type podInfo struct {
-	pod    *corev1.Pod
-	key    string
-	ips    []netip.Addr
-	labels labels.Set
+	pod      *cluster.Pod
+	key      string
+	eligible bool
 }
+
+// ips returns the addresses of an eligible pod.
+func (pi *podInfo) ips() []netip.Addr { return pi.pod.IPs }
+
+func (pi *podInfo) labels() labels.Set { return labels.Set(pi.pod.Labels) }
 
 // podChange is a pod whose object differs from the previous snapshot; old or new is nil when
 // the pod was not eligible (or did not exist) on that side.
@@ -31,19 +37,18 @@ type podChange struct {
 func (cc *Compiler) diffPods(st *cluster.State) []podChange {
 	var changes []podChange
 	seen := 0
-	for key, pod := range st.Pods {
-		prev, existed := cc.podPtr[key]
-		if existed {
+	for key, pod := range st.Pods.All() {
+		if prev := cc.pods[key]; prev != nil {
 			seen++
-			if prev == pod {
+			if prev.pod == pod {
 				continue
 			}
 		}
 		changes = cc.diffPod(changes, key, pod)
 	}
-	if seen < len(cc.podPtr) {
-		for key := range cc.podPtr {
-			if _, ok := st.Pods[key]; !ok {
+	if seen < len(cc.pods) {
+		for key := range cc.pods {
+			if st.Pods.Get(key) == nil {
 				changes = cc.diffPod(changes, key, nil)
 			}
 		}
@@ -57,8 +62,8 @@ func (cc *Compiler) diffPods(st *cluster.State) []podChange {
 func (cc *Compiler) diffPodKeys(st *cluster.State, keys []string) []podChange {
 	var changes []podChange
 	for _, key := range keys {
-		pod := st.Pods[key]
-		if prev, existed := cc.podPtr[key]; prev == pod && (existed || pod == nil) {
+		pod := st.Pods.Get(key)
+		if prev := cc.pods[key]; prev == nil && pod == nil || prev != nil && prev.pod == pod {
 			continue
 		}
 		changes = cc.diffPod(changes, key, pod)
@@ -67,17 +72,18 @@ func (cc *Compiler) diffPodKeys(st *cluster.State, keys []string) []podChange {
 }
 
 // diffPod records that key now maps to pod (nil: removed) and appends the change.
-func (cc *Compiler) diffPod(changes []podChange, key string, pod *corev1.Pod) []podChange {
-	if pod == nil {
-		delete(cc.podPtr, key)
-	} else {
-		cc.podPtr[key] = pod
+func (cc *Compiler) diffPod(changes []podChange, key string, pod *cluster.Pod) []podChange {
+	var old, cur *podInfo
+	if prev := cc.pods[key]; prev != nil && prev.eligible {
+		old = prev
 	}
-	old := cc.pods[key]
-	var cur *podInfo
-	if pod != nil {
-		if ips := EligibleIPs(pod); len(ips) > 0 {
-			cur = &podInfo{pod: pod, key: key, ips: ips, labels: labels.Set(pod.Labels)}
+	if pod == nil {
+		delete(cc.pods, key)
+	} else {
+		pi := &podInfo{pod: pod, key: key, eligible: len(EligibleIPs(pod)) > 0}
+		cc.pods[key] = pi
+		if pi.eligible {
+			cur = pi
 		}
 	}
 	if old == nil && cur == nil {
@@ -148,22 +154,14 @@ func (cc *Compiler) updatePolicyKeys(st *cluster.State, keys []string) {
 
 func (cc *Compiler) setPod(key string, old, cur *podInfo) {
 	if old != nil {
-		delete(cc.pods, key)
 		delete(cc.local, key)
 		removeFrom(cc.byNS, old.pod.Namespace, key)
-		for _, name := range portNames(old.pod) {
-			removeFrom(cc.byPort, name, key)
-		}
 	}
 	if cur != nil {
-		cc.pods[key] = cur
-		if cur.pod.Spec.NodeName == cc.node {
+		if cur.pod.NodeName == cc.node {
 			cc.local[key] = cur
 		}
 		addTo(cc.byNS, cur.pod.Namespace, key, cur)
-		for _, name := range portNames(cur.pod) {
-			addTo(cc.byPort, name, key, cur)
-		}
 	}
 }
 
@@ -183,18 +181,6 @@ func removeFrom(index map[string]map[string]*podInfo, group, key string) {
 			delete(index, group)
 		}
 	}
-}
-
-func portNames(pod *corev1.Pod) []string {
-	var names []string
-	for _, ctr := range pod.Spec.Containers {
-		for _, cp := range ctr.Ports {
-			if cp.Name != "" {
-				names = append(names, cp.Name)
-			}
-		}
-	}
-	return names
 }
 
 // diffNamespaces refreshes namespace labels and reports whether any namespace appeared,
@@ -238,25 +224,13 @@ func (cc *Compiler) diffNamespaces(st *cluster.State) bool {
 }
 
 // EligibleIPs returns the IPs of a pod that takes part in policy, or nil: pods without IPs, on
-// the host network, or finished are neither targets nor peers.
-func EligibleIPs(pod *corev1.Pod) []netip.Addr {
-	if pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+// the host network, or finished are neither targets nor peers. The result is the pod's own
+// slice: it must not be modified.
+func EligibleIPs(pod *cluster.Pod) []netip.Addr {
+	if pod.HostNetwork || pod.Phase == corev1.PodSucceeded || pod.Phase == corev1.PodFailed || len(pod.IPs) == 0 {
 		return nil
 	}
-	var ips []netip.Addr
-	for _, ip := range pod.Status.PodIPs {
-		a, err := netip.ParseAddr(ip.IP)
-		if err != nil {
-			continue
-		}
-		ips = append(ips, a.Unmap())
-	}
-	if len(ips) == 0 && pod.Status.PodIP != "" {
-		if a, err := netip.ParseAddr(pod.Status.PodIP); err == nil {
-			ips = append(ips, a.Unmap())
-		}
-	}
-	return ips
+	return pod.IPs
 }
 
 func labelsOf(m map[string]string) labels.Set { return labels.Set(m) }

@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/netwarden/netwarden/internal/cluster"
 )
 
 // addrSetDef defines a pod peer set: the pods a (namespaceSelector, podSelector) pair selects
@@ -44,7 +46,7 @@ func (d addrSetDef) matches(pi *podInfo, nsLabels map[string]labels.Set) bool {
 	} else if !d.nsSel.sel.Matches(nsLabels[pi.pod.Namespace]) {
 		return false
 	}
-	return d.podSel.sel.Matches(pi.labels)
+	return d.podSel.sel.Matches(pi.labels())
 }
 
 // members records which pods contribute which values to a set, and the resulting content.
@@ -155,18 +157,16 @@ type namedSetDef struct {
 
 func (d namedSetDef) entries(pi *podInfo) []netip.AddrPort {
 	var out []netip.AddrPort
-	for _, ctr := range pi.pod.Spec.Containers {
-		for _, cp := range ctr.Ports {
-			proto := cp.Protocol
-			if proto == "" {
-				proto = corev1.ProtocolTCP
-			}
-			if cp.Name != d.portName || proto != d.proto {
-				continue
-			}
-			for _, ip := range pi.ips {
-				out = append(out, netip.AddrPortFrom(ip, uint16(cp.ContainerPort)))
-			}
+	for _, cp := range pi.pod.Ports {
+		proto := cp.Protocol
+		if proto == "" {
+			proto = corev1.ProtocolTCP
+		}
+		if cp.Name != d.portName || proto != d.proto {
+			continue
+		}
+		for _, ip := range pi.ips() {
+			out = append(out, netip.AddrPortFrom(ip, uint16(cp.Port)))
 		}
 	}
 	return out
@@ -279,19 +279,52 @@ func (cc *Compiler) addrSetMembers(d addrSetDef, nsMatches map[string][]string) 
 	out := map[string][]netip.Addr{}
 	for _, ns := range namespaces {
 		for key, pi := range cc.byNS[ns] {
-			if d.podSel.sel.Matches(pi.labels) {
-				out[key] = pi.ips
+			if d.podSel.sel.Matches(pi.labels()) {
+				out[key] = pi.ips()
 			}
 		}
 	}
 	return out
 }
 
-func (cc *Compiler) namedSetMembers(d namedSetDef) map[string][]netip.AddrPort {
+func (cc *Compiler) namedSetMembers(d namedSetDef, byPort map[string][]*podInfo) map[string][]netip.AddrPort {
 	out := map[string][]netip.AddrPort{}
-	for key, pi := range cc.byPort[d.portName] {
+	for _, pi := range byPort[d.portName] {
 		if e := d.entries(pi); len(e) > 0 {
-			out[key] = e
+			out[pi.key] = e
+		}
+	}
+	return out
+}
+
+func portNamed(ports []cluster.ContainerPort, name string) bool {
+	for _, p := range ports {
+		if p.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// podsByPort returns the eligible pods with a container port of each name of jobs. It is made
+// for the named sets computed from scratch, seldom, in one walk of the pods: an index kept up to
+// date would hold an entry for most pods of the cluster.
+func (cc *Compiler) podsByPort(jobs []namedSetDef) map[string][]*podInfo {
+	if len(jobs) == 0 {
+		return nil
+	}
+	out := make(map[string][]*podInfo, len(jobs))
+	for _, d := range jobs {
+		out[d.portName] = nil
+	}
+	for _, pi := range cc.pods {
+		if !pi.eligible {
+			continue
+		}
+		for i, cp := range pi.pod.Ports {
+			if _, ok := out[cp.Name]; ok && !portNamed(pi.pod.Ports[:i], cp.Name) {
+				out[cp.Name] = append(out[cp.Name], pi)
+			}
 		}
 	}
 	return out
@@ -329,7 +362,7 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 		default:
 			st.apply(changes, func(pi *podInfo) []netip.Addr {
 				if d.matches(pi, cc.nsLabels) {
-					return pi.ips
+					return pi.ips()
 				}
 				return nil
 			})
@@ -381,13 +414,14 @@ const parallelSets = 32
 func (cc *Compiler) setMembers(addrJobs []addrSetDef, namedJobs []namedSetDef) (map[string]map[string][]netip.Addr, map[string]map[string][]netip.AddrPort) {
 	addr := make([]map[string][]netip.Addr, len(addrJobs))
 	named := make([]map[string][]netip.AddrPort, len(namedJobs))
+	byPort := cc.podsByPort(namedJobs)
 	work := func(next func() int) {
 		nsMatches := map[string][]string{}
 		for i := next(); i < len(addrJobs)+len(namedJobs); i = next() {
 			if i < len(addrJobs) {
 				addr[i] = cc.addrSetMembers(addrJobs[i], nsMatches)
 			} else {
-				named[i-len(addrJobs)] = cc.namedSetMembers(namedJobs[i-len(addrJobs)])
+				named[i-len(addrJobs)] = cc.namedSetMembers(namedJobs[i-len(addrJobs)], byPort)
 			}
 		}
 	}

@@ -22,11 +22,10 @@ func TestStagedJudgementAgreesWithAsWritten(t *testing.T) {
 		LocalCIDRv4: synth.Default().LocalCIDRv4, RemoteCIDRv4: synth.Default().RemoteCIDRv4}
 	base := synth.Generate(spec)
 	var peers, locals []netip.Addr
-	for _, p := range base.Pods {
-		for _, ip := range p.Status.PodIPs {
-			a := netip.MustParseAddr(ip.IP)
+	for _, p := range base.Pods.All() {
+		for _, a := range p.IPs {
 			peers = append(peers, a)
-			if p.Spec.NodeName == spec.LocalNode {
+			if p.NodeName == spec.LocalNode {
 				locals = append(locals, a)
 			}
 		}

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"maps"
 	"net/netip"
 	"slices"
 
@@ -19,12 +18,12 @@ import (
 // verdicts are marked as depending on the address it will get.
 func WithStandIns(st *cluster.State, node string, keys ...string) (*cluster.State, map[string][]netip.Addr) {
 	if len(keys) == 0 {
-		keys = slices.Sorted(maps.Keys(st.Pods))
+		keys = slices.Sorted(st.Pods.Keys())
 	}
 	var pending []string
 	for _, k := range keys {
-		p := st.Pods[k]
-		if p != nil && !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed &&
+		p := st.Pods.Get(k)
+		if p != nil && !p.HostNetwork && p.Phase != corev1.PodSucceeded && p.Phase != corev1.PodFailed &&
 			len(EligibleIPs(p)) == 0 && !slices.Contains(pending, k) {
 			pending = append(pending, k)
 		}
@@ -33,7 +32,7 @@ func WithStandIns(st *cluster.State, node string, keys ...string) (*cluster.Stat
 		return st, nil
 	}
 	used, v4, v6 := map[netip.Addr]bool{}, false, false
-	for _, p := range st.Pods {
+	for _, p := range st.Pods.All() {
 		for _, a := range EligibleIPs(p) {
 			used[a], v4, v6 = true, v4 || a.Is4(), v6 || a.Is6()
 		}
@@ -59,11 +58,11 @@ func WithStandIns(st *cluster.State, node string, keys ...string) (*cluster.Stat
 	}
 	a4, a6 := netip.MustParseAddr("192.0.2.0"), netip.MustParseAddr("2001:db8::")
 	out := *st
-	out.Pods = maps.Clone(st.Pods)
+	out.Pods = st.Pods.Clone()
 	out.Changes = nil
 	given := map[string][]netip.Addr{}
 	for _, k := range pending {
-		p := st.Pods[k].DeepCopy()
+		p := *st.Pods.Get(k)
 		var ips []netip.Addr
 		if v4 {
 			a4 = next(a4)
@@ -73,15 +72,11 @@ func WithStandIns(st *cluster.State, node string, keys ...string) (*cluster.Stat
 			a6 = next(a6)
 			ips = append(ips, a6)
 		}
-		p.Status.PodIPs = nil
-		for _, a := range ips {
-			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: a.String()})
+		p.IPs = ips
+		if p.NodeName == "" {
+			p.NodeName = node
 		}
-		p.Status.PodIP = ips[0].String()
-		if p.Spec.NodeName == "" {
-			p.Spec.NodeName = node
-		}
-		out.Pods[k] = p
+		out.Pods.Set(k, &p)
 		given[k] = ips
 	}
 	return &out, given

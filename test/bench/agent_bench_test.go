@@ -44,10 +44,8 @@ func BenchmarkAgentAtScale(b *testing.B) {
 		ns.APIVersion, ns.Kind = "v1", "Namespace"
 		nss = append(nss, ns)
 	}
-	for _, p := range st.Pods {
-		p = p.DeepCopy()
-		p.APIVersion, p.Kind = "v1", "Pod"
-		pods = append(pods, p)
+	for _, p := range st.Pods.All() {
+		pods = append(pods, p.APIObject())
 	}
 	for _, np := range st.Policies {
 		np = np.DeepCopy()

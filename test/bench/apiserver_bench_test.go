@@ -65,8 +65,8 @@ func loadCluster(ctx context.Context, c kubernetes.Interface, spec synth.Spec) e
 		return fmt.Errorf("namespaces: %w", err)
 	}
 	var pods []*corev1.Pod
-	for _, p := range st.Pods {
-		pods = append(pods, p)
+	for _, p := range st.Pods.All() {
+		pods = append(pods, p.APIObject())
 	}
 	if err := parallel(pods, func(p *corev1.Pod) error {
 		obj := p.DeepCopy()

@@ -6,6 +6,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -112,30 +113,31 @@ type change struct {
 // state and then undone (unmeasured), so every measurement is one change on the same table.
 var changes = []change{
 	{"pod-added", func(t *cluster.Tracker, base *cluster.State, i int) {
-		p := base.Pods[cluster.Key("ns-00003", "pod-000003")].DeepCopy()
+		p := *base.Pods.Get(cluster.Key("ns-00003", "pod-000003"))
 		p.Name = fmt.Sprintf("added-%d", i)
-		p.Spec.NodeName = "node-7"
-		p.Status.PodIPs = []corev1.PodIP{{IP: netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)}).String()}}
-		t.SetPod(cluster.Key(p.Namespace, p.Name), p)
+		p.NodeName = "node-7"
+		p.IPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)})}
+		t.SetPod(p.Key(), &p)
 	}, func(t *cluster.Tracker, _ *cluster.State, i int) {
 		t.SetPod(cluster.Key("ns-00003", fmt.Sprintf("added-%d", i)), nil)
 	}},
 	{"local-pod-added", func(t *cluster.Tracker, base *cluster.State, i int) {
-		p := base.Pods[cluster.Key("ns-00003", "pod-000003")].DeepCopy()
+		p := *base.Pods.Get(cluster.Key("ns-00003", "pod-000003"))
 		p.Name = fmt.Sprintf("added-%d", i)
-		p.Status.PodIPs = []corev1.PodIP{{IP: netip.AddrFrom4([4]byte{10, 244, 1, byte(i)}).String()}}
-		t.SetPod(cluster.Key(p.Namespace, p.Name), p)
+		p.IPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 1, byte(i)})}
+		t.SetPod(p.Key(), &p)
 	}, func(t *cluster.Tracker, _ *cluster.State, i int) {
 		t.SetPod(cluster.Key("ns-00003", fmt.Sprintf("added-%d", i)), nil)
 	}},
 	{"label-changed", func(t *cluster.Tracker, base *cluster.State, i int) {
 		k := cluster.Key("ns-00001", "pod-000001")
-		p := base.Pods[k].DeepCopy()
+		p := *base.Pods.Get(k) // a copy: the base's pod, and its labels, are shared
+		p.Labels = maps.Clone(p.Labels)
 		p.Labels["app"] = fmt.Sprintf("app-%d", 1+i%9)
-		t.SetPod(k, p)
+		t.SetPod(k, &p)
 	}, func(t *cluster.Tracker, base *cluster.State, _ int) {
 		k := cluster.Key("ns-00001", "pod-000001")
-		t.SetPod(k, base.Pods[k])
+		t.SetPod(k, base.Pods.Get(k))
 	}},
 	{"policy-added", func(t *cluster.Tracker, _ *cluster.State, i int) {
 		tcp := corev1.ProtocolTCP
@@ -167,7 +169,7 @@ var changes = []change{
 // percentile to be a percentile and not the maximum (p99 of 200 is the second worst); at 10x,
 // where each change costs ten times more, 40.
 func incrementalChanges(base *cluster.State) int {
-	if len(base.Pods) > 10000 {
+	if base.Pods.Len() > 10000 {
 		return 40
 	}
 	return 200

@@ -49,8 +49,7 @@ func BenchmarkManifestsDirectory(b *testing.B) {
 		b.Fatal(err)
 	}
 	base := synth.Generate(spec)
-	pod := base.Pods["ns-00001/pod-000001"].DeepCopy()
-	pod.APIVersion, pod.Kind = "v1", "Pod"
+	pod := base.Pods.Get("ns-00001/pod-000001").APIObject() // as synth.WriteObjectFiles writes it
 	podFile := fmt.Sprintf("pod-%s-%s.yaml", pod.Namespace, pod.Name)
 	if _, err := os.Stat(filepath.Join(sim.Dir, podFile)); err != nil {
 		b.Fatal(err)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,11 +29,11 @@ func TestExampleVerdicts(t *testing.T) {
 			w.addNamespace(name, ns.Labels)
 		}
 		var names []string
-		for _, key := range sortedKeys(st.Pods) {
-			p := st.Pods[key]
+		for _, key := range slices.Sorted(st.Pods.Keys()) {
+			p := st.Pods.Get(key)
 			var ports []corev1.ContainerPort
-			for _, c := range p.Spec.Containers {
-				ports = append(ports, c.Ports...)
+			for _, cp := range p.Ports {
+				ports = append(ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.Port, Protocol: cp.Protocol})
 			}
 			w.addPod(t, p.Namespace, p.Name, p.Labels, ports...)
 			names = append(names, key)

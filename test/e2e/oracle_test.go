@@ -314,7 +314,7 @@ func (w *world) cases(oracle *oracle) []probeCase {
 }
 
 func (w *world) peer(ep endpoint, ip netip.Addr, notInKeys map[string]bool) *matcher.TrafficPeer {
-	if ep.pod == nil || len(policy.EligibleIPs(ep.pod)) == 0 {
+	if ep.pod == nil || !eligible(ep.pod) {
 		// The node, and pods that are finished or on the host network, are no pods to
 		// NetworkPolicy: only their IP can match (an ipBlock).
 		return &matcher.TrafficPeer{IP: ip.String()}
@@ -331,6 +331,10 @@ func (w *world) peer(ep endpoint, ip netip.Addr, notInKeys map[string]bool) *mat
 		Namespace:       ep.pod.Namespace,
 	}}
 }
+
+// eligible reports whether a pod of the world takes part in policy, as the agent keeps it: the
+// world models pods as the API objects it writes out, converted here at the boundary.
+func eligible(p *corev1.Pod) bool { return len(policy.EligibleIPs(cluster.PodOf(p))) > 0 }
 
 // cyclonus v0.5.6 deviates from Kubernetes on one point: its NotIn does not match an object
 // that lacks the key, while apimachinery's labels.Selector (what the API server, kubectl and
@@ -560,7 +564,7 @@ func (w *world) checkModel(t *testing.T, step string, cases []probeCase) {
 	var wrong []string
 	judged := 0
 	for _, c := range cases {
-		if c.src.pod == nil || c.dst.pod == nil || len(policy.EligibleIPs(c.src.pod)) == 0 || len(policy.EligibleIPs(c.dst.pod)) == 0 {
+		if c.src.pod == nil || c.dst.pod == nil || !eligible(c.src.pod) || !eligible(c.dst.pod) {
 			continue
 		}
 		srcIP := c.probe.Src.IP(familyOf(c.probe.Dst))

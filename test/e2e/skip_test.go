@@ -101,7 +101,7 @@ func TestUnexpressiblePolicyIsSkipped(t *testing.T) {
 				t.Fatal(err)
 			}
 			pods[name] = tp
-			st.Pods[cluster.Key("x", name)] = simnode.PodObject("x", name, testbed.LocalNodeName, map[string]string{"pod": name}, tp.IPs())
+			st.Pods.Set(cluster.Key("x", name), cluster.PodOf(simnode.PodObject("x", name, testbed.LocalNodeName, map[string]string{"pod": name}, tp.IPs())))
 		}
 		// good isolates a and admits b. open-c isolates c both ways and admits everything:
 		// were it applied, c would be open; were it dropped, c would not be isolated at all.

@@ -114,7 +114,7 @@ func load(ctx context.Context, b *testing.B, c kubernetes.Interface, npa npaclie
 		_, err := c.CoreV1().Namespaces().Create(ctx, nss[i].DeepCopy(), metav1.CreateOptions{})
 		return err
 	})
-	pods := slices.Collect(mapValues(st.Pods))
+	pods := slices.Collect(mapValues(st.Pods.Map()))
 	timed("pods", len(pods), func(i int) error {
 		_, err := createPod(ctx, c, pods[i])
 		return err
@@ -144,16 +144,16 @@ func mapValues[K comparable, V any](m map[K]V) func(func(V) bool) {
 
 // createPod creates p and writes its status as a kubelet would; it returns the status write's
 // resourceVersion.
-func createPod(ctx context.Context, c kubernetes.Interface, p *corev1.Pod) (uint64, error) {
-	obj := p.DeepCopy()
+func createPod(ctx context.Context, c kubernetes.Interface, p *cluster.Pod) (uint64, error) {
+	obj := p.APIObject()
+	status := obj.Status // phase, podIPs and podIP
 	obj.Status = corev1.PodStatus{}
 	obj.Spec.Containers[0].Image = "example.invalid/app"
 	created, err := c.CoreV1().Pods(p.Namespace).Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
 		return 0, err
 	}
-	created.Status = p.Status
-	created.Status.PodIP = p.Status.PodIPs[0].IP
+	created.Status = status
 	updated, err := c.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{})
 	if err != nil {
 		return 0, err
@@ -169,16 +169,14 @@ type needed struct {
 	Ports                 []corev1.ContainerPort
 }
 
-func neededBytes(p *corev1.Pod) int {
-	n := needed{Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName, Labels: p.Labels}
-	for _, ip := range p.Status.PodIPs {
-		n.IPs = append(n.IPs, ip.IP)
+func neededBytes(p *cluster.Pod) int {
+	n := needed{Namespace: p.Namespace, Name: p.Name, Node: p.NodeName, Labels: p.Labels}
+	for _, ip := range p.IPs {
+		n.IPs = append(n.IPs, ip.String())
 	}
-	for _, c := range p.Spec.Containers {
-		for _, port := range c.Ports {
-			if port.Name != "" {
-				n.Ports = append(n.Ports, corev1.ContainerPort{Name: port.Name, ContainerPort: port.ContainerPort, Protocol: port.Protocol})
-			}
+	for _, port := range p.Ports {
+		if port.Name != "" {
+			n.Ports = append(n.Ports, corev1.ContainerPort{Name: port.Name, ContainerPort: port.Port, Protocol: port.Protocol})
 		}
 	}
 	data, _ := json.Marshal(n)
@@ -285,8 +283,8 @@ func BenchmarkKubernetesLimits(b *testing.B) {
 func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simnode.Sim, st *cluster.State) {
 	const rate, duration = 100, time.Minute
 	var keys []string
-	for k, p := range st.Pods {
-		if p.Spec.NodeName != sim.NodeName {
+	for k, p := range st.Pods.All() {
+		if p.NodeName != sim.NodeName {
 			keys = append(keys, k)
 		}
 	}
@@ -333,7 +331,7 @@ func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simno
 	_, _, cpu0 := agentProc(b, pid)
 	down0, _ := sim.ForwardedBytes()
 	var neededTotal, changes int
-	var created []*corev1.Pod
+	var created []*cluster.Pod
 	tick := time.NewTicker(time.Second / rate)
 	defer tick.Stop()
 	start := time.Now()
@@ -350,7 +348,7 @@ func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simno
 		switch kind {
 		case 0: // relabel a pod
 			k := keys[r.IntN(len(keys))]
-			p := st.Pods[k]
+			p := st.Pods.Get(k)
 			patch := fmt.Sprintf(`{"metadata":{"labels":{"app":"app-%d"}}}`, r.IntN(10))
 			neededTotal += neededBytes(p)
 			do = func() (uint64, error) {
@@ -361,11 +359,12 @@ func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simno
 				return cluster.ParseResourceVersion(out.ResourceVersion), nil
 			}
 		case 1: // create a pod
-			src := st.Pods[keys[r.IntN(len(keys))]]
-			p := src.DeepCopy()
+			src := st.Pods.Get(keys[r.IntN(len(keys))])
+			cp := *src // a copy: src is the state's
+			p := &cp
 			p.Name = fmt.Sprintf("churn-%06d", i)
 			p.ResourceVersion = ""
-			p.Status.PodIPs = []corev1.PodIP{{IP: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}).String()}}
+			p.IPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}
 			created = append(created, p)
 			neededTotal += neededBytes(p)
 			do = func() (uint64, error) { return createPod(ctx, c, p) }

@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -22,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -80,6 +82,13 @@ func handler[T any, PT interface {
 	}
 	return kindHandler{
 		upsert: func(o any) {
+			if inv, ok := o.(*invalidObject); ok {
+				k := key(inv.Object.(PT))
+				s.logger.Error("ignoring invalid object from the Kubernetes API", "kind", kind, "key", k, "errors", inv.errs.ToAggregate().Error(),
+					"err", &cluster.InvalidError{Kind: kind, Key: k, Errs: inv.errs})
+				set(k, nil)
+				return
+			}
 			obj, ok := o.(PT)
 			if !ok {
 				return
@@ -96,6 +105,8 @@ func handler[T any, PT interface {
 			switch obj := o.(type) {
 			case PT:
 				set(key(obj), nil)
+			case *invalidObject:
+				set(key(obj.Object.(PT)), nil)
 			case cache.DeletedFinalStateUnknown:
 				// The watch missed the delete; the tombstone's key is namespace/name, as ours.
 				set(obj.Key, nil)
@@ -104,6 +115,9 @@ func handler[T any, PT interface {
 		seen: func(o any) {
 			// A delete's object carries the resourceVersion of the delete itself; a
 			// tombstone carries none, and the next event of the resource moves it on.
+			if inv, ok := o.(*invalidObject); ok {
+				o = inv.Object
+			}
 			if obj, ok := o.(PT); ok {
 				s.objects.SeenResourceVersion(resource, cluster.ParseResourceVersion(obj.GetResourceVersion()))
 			}
@@ -134,15 +148,14 @@ func New(client kubernetes.Interface, logger *slog.Logger, opts ...Option) *Sour
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Transform))
 	// Pods through a factory of their own, which asks the API server only for the pods a
-	// policy can select or name (PodFieldSelector): the others are never sent.
-	podFactory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Transform),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = PodFieldSelector }))
+	// policy can select or name (PodFieldSelector, see podInformer): the others are never sent.
+	podFactory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Transform))
 	s := &Source{logger: logger, factory: factory, podFactory: podFactory, objects: cluster.NewTracker()}
 	s.informers = []namedInformer{
 		{"namespaces", factory.Core().V1().Namespaces().Informer(),
 			handler(s, "Namespace", "namespaces", cluster.ValidateNamespace, s.objects.SetNamespace), nil},
-		{"pods", podFactory.Core().V1().Pods().Informer(),
-			handler(s, "Pod", "pods", cluster.ValidatePod, s.objects.SetPod), nil},
+		{"pods", podInformer(podFactory),
+			handler(s, "Pod", "pods", func(*cluster.Pod) field.ErrorList { return nil }, s.objects.SetPod), nil}, // validated by TransformPod
 		{"networkpolicies", factory.Networking().V1().NetworkPolicies().Informer(),
 			handler(s, "NetworkPolicy", "networkpolicies", cluster.ValidateNetworkPolicy, s.objects.SetPolicy), nil},
 		{"nodes", factory.Core().V1().Nodes().Informer(),
@@ -159,6 +172,16 @@ func New(client kubernetes.Interface, logger *slog.Logger, opts ...Option) *Sour
 		s.cnp = newCNPWatcher(s, client, o)
 	}
 	return s
+}
+
+// podInformer returns the factory's pod informer, made without the namespace index the
+// factory's own has: nothing here lists pods by namespace, and at 150,000 pods the index costs
+// some 20 MB.
+func podInformer(factory informers.SharedInformerFactory) cache.SharedIndexInformer {
+	return factory.InformerFor(&corev1.Pod{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredPodInformer(c, metav1.NamespaceAll, resync, cache.Indexers{},
+			func(o *metav1.ListOptions) { o.FieldSelector = PodFieldSelector })
+	})
 }
 
 // watchError logs a failed list or watch of resource, which the informer retries.
@@ -260,9 +283,9 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 // Transform, e.g. a pod condition or node heartbeat changed).
 func unchanged(oldObj, newObj any) bool {
 	switch n := newObj.(type) {
-	case *corev1.Pod:
-		o, ok := oldObj.(*corev1.Pod)
-		return ok && equalIgnoringResourceVersion(o, n)
+	case *cluster.Pod:
+		o, ok := oldObj.(*cluster.Pod)
+		return ok && o.EqualIgnoringResourceVersion(n)
 	case *corev1.Namespace:
 		o, ok := oldObj.(*corev1.Namespace)
 		return ok && equalIgnoringResourceVersion(o, n)

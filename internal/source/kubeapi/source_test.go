@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -72,12 +73,12 @@ func TestSnapshot(t *testing.T) {
 	if s.HasSynced() {
 		t.Error("synced before Run")
 	}
-	if st := s.Snapshot(); len(st.Pods)+len(st.Namespaces)+len(st.Policies)+len(st.Nodes) != 0 {
+	if st := s.Snapshot(); st.Pods.Len()+len(st.Namespaces)+len(st.Policies)+len(st.Nodes) != 0 {
 		t.Errorf("non-empty snapshot: %+v", st)
 	}
 
 	ns := add(t, s, "namespaces", &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}).(*corev1.Namespace)
-	pod := add(t, s, "pods", fullPod()).(*corev1.Pod)
+	pod := add(t, s, "pods", fullPod()).(*cluster.Pod)
 	node := add(t, s, "nodes", &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}}}).(*corev1.Node)
 	np := add(t, s, "networkpolicies", &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "shop"}}).(*networkingv1.NetworkPolicy)
 	// Invalid despite coming from the "API": two IPv4 pod IPs.
@@ -87,10 +88,10 @@ func TestSnapshot(t *testing.T) {
 	})
 
 	st := s.Snapshot()
-	if st.Namespaces["shop"] != ns || st.Pods["shop/web-abc-xyz"] != pod || st.Nodes["node-1"] != node || st.Policies["shop/p"] != np {
+	if st.Namespaces["shop"] != ns || st.Pods.Get("shop/web-abc-xyz") != pod || st.Nodes["node-1"] != node || st.Policies["shop/p"] != np {
 		t.Errorf("snapshot does not hold the cached objects: %+v", st)
 	}
-	if len(st.Pods) != 1 {
+	if st.Pods.Len() != 1 {
 		t.Errorf("pods: %v", st.Pods)
 	}
 	if got := st.Namespaces["shop"].Labels[cluster.NamespaceNameLabel]; got != "shop" {
@@ -111,10 +112,10 @@ func TestSnapshot(t *testing.T) {
 	}
 	add(t, s, "pods", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: "shop"}, Status: corev1.PodStatus{PodIP: "10.0.0.1"}})
 	st2 := s.Snapshot()
-	if st2.Pods["shop/bad"] == nil || len(st2.Pods) != 2 {
+	if st2.Pods.Get("shop/bad") == nil || st2.Pods.Len() != 2 {
 		t.Errorf("fixed pod missing: %v", st2.Pods)
 	}
-	if len(st.Pods) != 1 {
+	if st.Pods.Len() != 1 {
 		t.Error("earlier snapshot changed")
 	}
 	if st2.Changes == nil || st2.Changes.Since != st.Generation || len(st2.Changes.Pods) != 1 || st2.Changes.Pods[0] != "shop/bad" {
@@ -127,7 +128,7 @@ func TestSnapshot(t *testing.T) {
 	// A version that turns invalid removes the object; a tombstone removes it too.
 	add(t, s, "pods", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: "shop"},
 		Status: corev1.PodStatus{PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}, {IP: "10.0.0.2"}}}})
-	if st3 := s.Snapshot(); st3.Pods["shop/bad"] != nil {
+	if st3 := s.Snapshot(); st3.Pods.Get("shop/bad") != nil {
 		t.Error("a pod that turned invalid is still in the snapshot")
 	}
 	for _, ni := range s.informers {
@@ -141,21 +142,31 @@ func TestSnapshot(t *testing.T) {
 }
 
 func TestUnchanged(t *testing.T) {
-	a := TransformPod(fullPod())
-	b := TransformPod(fullPod())
+	a := TransformPod(fullPod()).(*cluster.Pod)
+	b := TransformPod(fullPod()).(*cluster.Pod)
 	b.ResourceVersion = "99999"
 	if !unchanged(a, b) {
 		t.Error("resourceVersion-only change is a change")
 	}
-	c := TransformPod(fullPod())
-	c.Status.PodIPs = []corev1.PodIP{{IP: "10.244.1.6"}}
+	c := TransformPod(fullPod()).(*cluster.Pod)
+	c.IPs = []netip.Addr{netip.MustParseAddr("10.244.1.6")}
 	if unchanged(a, c) {
 		t.Error("pod IP change not seen")
 	}
-	d := TransformPod(fullPod())
+	d := TransformPod(fullPod()).(*cluster.Pod)
 	d.Labels = map[string]string{"app": "other"}
 	if unchanged(a, d) {
 		t.Error("label change not seen")
+	}
+	e := TransformPod(fullPod()).(*cluster.Pod)
+	e.Ports = []cluster.ContainerPort{{Name: "other", Port: 8080, Protocol: corev1.ProtocolTCP}}
+	if unchanged(a, e) {
+		t.Error("port change not seen")
+	}
+	f := TransformPod(fullPod()).(*cluster.Pod)
+	f.NodeName = "node-9"
+	if unchanged(a, f) {
+		t.Error("node change not seen")
 	}
 	if a.ResourceVersion != "12345" || b.ResourceVersion != "99999" {
 		t.Error("unchanged modified its arguments")

@@ -3,6 +3,8 @@ package kubeapi
 import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/cache"
 
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
@@ -11,8 +13,8 @@ import (
 )
 
 // Transform is the cache.TransformFunc installed on every informer. It replaces each object with a
-// new one that keeps only what the agent uses (the cluster.Strip functions), and applies the
-// cluster defaulting to it, so that the informer caches stay small and Snapshot can share their
+// new one that keeps only what the agent uses (a cluster.Pod for a pod, the cluster.Strip
+// functions for the others), and applies the cluster defaulting to it, so that the informer caches stay small and Snapshot can share their
 // objects as they are. A ClusterNetworkPolicy keeps its metadata (with metadata.generation), spec
 // and status.conditions (read by the conditions writer, which needs them all to patch its own
 // without losing the others').
@@ -48,11 +50,27 @@ func Transform(obj any) (any, error) {
 	return obj, nil
 }
 
-// TransformPod returns a copy of pod stripped to what the agent uses, defaulted.
-func TransformPod(pod *corev1.Pod) *corev1.Pod {
-	out := cluster.StripPod(pod)
-	cluster.DefaultPod(out)
+// interner shares the equal parts of the pods every informer of the process keeps (labels,
+// ports, namespace and node names): thousands of pods repeat a few of each.
+var interner = cluster.NewInterner()
+
+// TransformPod returns what the agent keeps of pod (a *cluster.Pod), defaulted, or, when pod is
+// not valid, an *invalidObject that says why: validation needs what the agent does not keep.
+func TransformPod(pod *corev1.Pod) metav1.Object {
+	c := cluster.StripPod(pod) // a copy for the defaulting to write into; garbage afterwards
+	cluster.DefaultPod(c)
+	out := interner.Pod(c)
+	if errs := cluster.ValidatePod(c); len(errs) > 0 {
+		return &invalidObject{Object: out, errs: errs}
+	}
 	return out
+}
+
+// invalidObject stands, in an informer's store, for an object that Transform found invalid; the
+// event handlers log it and keep nothing of it.
+type invalidObject struct {
+	metav1.Object
+	errs field.ErrorList
 }
 
 // TransformNamespace returns a copy of ns with metadata only, defaulted.

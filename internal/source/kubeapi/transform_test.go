@@ -3,6 +3,8 @@ package kubeapi
 import (
 	"encoding/json"
 	"maps"
+	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -91,31 +93,29 @@ func TestTransformPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "web-abc-xyz", Namespace: "shop", UID: "0b8d4f6e-uid", ResourceVersion: "12345", Labels: map[string]string{"app": "web"}},
-		Spec: corev1.PodSpec{
-			NodeName:       "node-1",
-			HostNetwork:    true,
-			InitContainers: []corev1.Container{{Ports: []corev1.ContainerPort{{Name: "admin", ContainerPort: 9901, Protocol: corev1.ProtocolTCP}}}},
-			Containers: []corev1.Container{{Ports: []corev1.ContainerPort{
-				{Name: "http", ContainerPort: 80, Protocol: corev1.ProtocolTCP},
-				{Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP},
-			}}},
-		},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.1.5", PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}, {IP: "fd00::5"}}},
+	// Init containers' ports are validated, not kept: named ports resolve to those of containers.
+	want := &cluster.Pod{Name: "web-abc-xyz", Namespace: "shop", ResourceVersion: "12345", Labels: map[string]string{"app": "web"},
+		NodeName: "node-1", HostNetwork: true, Phase: corev1.PodRunning,
+		IPs:   []netip.Addr{netip.MustParseAddr("10.244.1.5"), netip.MustParseAddr("fd00::5")},
+		Ports: []cluster.ContainerPort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}, {Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}},
 	}
-	if !equality.Semantic.DeepEqual(got, want) {
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %s\nwant %s", toJSON(t, got), toJSON(t, want))
 	}
 	if !equality.Semantic.DeepEqual(in, orig) {
 		t.Error("Transform modified its input")
 	}
-	again, _ := Transform(got)
-	if !equality.Semantic.DeepEqual(again, got) {
+	if again, _ := Transform(got); again != got {
 		t.Errorf("not idempotent: %s", toJSON(t, again))
 	}
-	if errs := cluster.ValidatePod(got.(*corev1.Pod)); len(errs) > 0 {
-		t.Errorf("transformed pod is invalid: %v", errs)
+	bad := fullPod()
+	bad.Spec.InitContainers[1].Ports[0].Name = "not_a_port_name" // the second init container, the first without ports
+	inv, ok := TransformPod(bad).(*invalidObject)
+	if !ok || len(inv.errs) != 1 || inv.errs[0].Field != "spec.initContainers[1].ports[0].name" {
+		t.Errorf("an invalid init container port: %v, want an invalidObject naming the field", inv.errs)
+	}
+	if again, _ := Transform(inv); again != inv {
+		t.Error("an invalid pod is transformed again")
 	}
 }
 
@@ -125,11 +125,11 @@ func TestTransformPodDefaulting(t *testing.T) {
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Ports: []corev1.ContainerPort{{ContainerPort: 80}}}}},
 		Status:     corev1.PodStatus{PodIP: "10.0.0.1"},
 	}
-	got := TransformPod(in)
-	if !slices.Equal(got.Status.PodIPs, []corev1.PodIP{{IP: "10.0.0.1"}}) {
-		t.Errorf("podIPs: %v", got.Status.PodIPs)
+	got := TransformPod(in).(*cluster.Pod)
+	if !slices.Equal(got.IPs, []netip.Addr{netip.MustParseAddr("10.0.0.1")}) {
+		t.Errorf("podIPs: %v", got.IPs)
 	}
-	if p := got.Spec.Containers[0].Ports[0].Protocol; p != corev1.ProtocolTCP {
+	if p := got.Ports[0].Protocol; p != corev1.ProtocolTCP {
 		t.Errorf("protocol: %q", p)
 	}
 	if in.Status.PodIPs != nil || in.Spec.Containers[0].Ports[0].Protocol != "" {
@@ -138,9 +138,9 @@ func TestTransformPodDefaulting(t *testing.T) {
 	noPorts := TransformPod(&corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "a", Image: "x"}}},
-	})
-	if noPorts.Spec.Containers != nil || noPorts.Spec.InitContainers != nil {
-		t.Errorf("containers without ports kept: %+v", noPorts.Spec)
+	}).(*cluster.Pod)
+	if noPorts.Ports != nil {
+		t.Errorf("ports of containers without ports: %+v", noPorts.Ports)
 	}
 }
 
@@ -294,8 +294,8 @@ func TestTransformTombstone(t *testing.T) {
 		default:
 			t.Fatalf("got %T", got)
 		}
-		if pod := inner.(*corev1.Pod); pod.Annotations != nil || pod.Spec.Containers[0].Name != "" {
-			t.Errorf("tombstone object not transformed: %s", toJSON(t, pod))
+		if pod, ok := inner.(*cluster.Pod); !ok || pod.Name != "web-abc-xyz" {
+			t.Errorf("tombstone object not transformed: %#v", inner)
 		}
 	}
 	// Other types pass unchanged.
@@ -311,21 +311,28 @@ func TestTransformKeepsOnlyAllowedFields(t *testing.T) {
 	meta := []string{"metadata.name", "metadata.namespace", "metadata.labels", "metadata.resourceVersion", "metadata.uid"}
 	ports := []string{"ports[].name", "ports[].containerPort", "ports[].protocol"}
 	var podFields []string
-	for _, c := range []string{"spec.containers[].", "spec.initContainers[]."} {
-		for _, p := range ports {
-			podFields = append(podFields, c+p)
-		}
+	for _, p := range ports {
+		podFields = append(podFields, "spec.containers[]."+p)
 	}
 	tests := []struct {
 		name    string
 		obj     any
 		allowed []string
+		// prepare, when set, makes the filled object one the agent keeps (a pod whose random
+		// addresses would make it invalid).
+		prepare func(obj any)
 	}{
-		{"Pod", &corev1.Pod{}, append(slices.Concat(meta, podFields), "spec.nodeName", "spec.hostNetwork", "status.phase", "status.podIP", "status.podIPs[].ip")},
-		{"Namespace", &corev1.Namespace{}, meta},
-		{"Node", &corev1.Node{}, append(slices.Clone(meta), "spec.podCIDRs[]", "status.addresses[].type", "status.addresses[].address")},
-		{"NetworkPolicy", &networkingv1.NetworkPolicy{}, append(slices.Clone(meta), "spec.*")},
-		{"ClusterNetworkPolicy", &npav1beta1.ClusterNetworkPolicy{}, append(slices.Clone(meta), "metadata.generation", "spec.*", "status.*")},
+		// A pod is kept as a cluster.Pod, compared here as the corev1.Pod it stands for
+		// (APIObject, which names the one container): no uid, no init containers' ports.
+		{"Pod", &corev1.Pod{}, append(slices.Concat(meta[:4], podFields), "spec.containers[].name", "spec.nodeName", "spec.hostNetwork", "status.phase",
+			"status.podIP", "status.podIPs[].ip"), func(obj any) {
+			p := obj.(*corev1.Pod)
+			p.Status.PodIP, p.Status.PodIPs = "10.0.0.1", []corev1.PodIP{{IP: "10.0.0.1"}}
+		}},
+		{"Namespace", &corev1.Namespace{}, meta, nil},
+		{"Node", &corev1.Node{}, append(slices.Clone(meta), "spec.podCIDRs[]", "status.addresses[].type", "status.addresses[].address"), nil},
+		{"NetworkPolicy", &networkingv1.NetworkPolicy{}, append(slices.Clone(meta), "spec.*"), nil},
+		{"ClusterNetworkPolicy", &npav1beta1.ClusterNetworkPolicy{}, append(slices.Clone(meta), "metadata.generation", "spec.*", "status.*"), nil},
 	}
 	filler := randfill.NewWithSeed(1).NilChance(0).NumElements(1, 2).Funcs(
 		func(q *resource.Quantity, c randfill.Continue) { *q = resource.MustParse("1") },
@@ -336,10 +343,19 @@ func TestTransformKeepsOnlyAllowedFields(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			filler.Fill(tt.obj)
+			if tt.prepare != nil {
+				tt.prepare(tt.obj)
+			}
 			before := leaves(t, tt.obj)
 			got, err := Transform(tt.obj)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if inv, ok := got.(*invalidObject); ok {
+				got = inv.Object
+			}
+			if p, ok := got.(*cluster.Pod); ok {
+				got = p.APIObject()
 			}
 			after := leaves(t, got)
 			for _, f := range after {

@@ -59,7 +59,7 @@ func BenchmarkSourceUpdate(b *testing.B) {
 		b.Fatal(err)
 	}
 	name := "pod-ns-00001-pod-000001.yaml"
-	pod := s.Snapshot().Pods["ns-00001/pod-000001"].DeepCopy()
+	pod := s.Snapshot().Pods.Get("ns-00001/pod-000001").APIObject()
 	i := 0
 	for b.Loop() {
 		b.StopTimer() // the write is the file system's, not the source's

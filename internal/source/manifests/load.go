@@ -294,7 +294,7 @@ func (l *loader) setObject(key objKey, obj metav1.Object) {
 		o, _ := obj.(*corev1.Node)
 		l.objects.SetNode(key.id, o)
 	case objPod:
-		o, _ := obj.(*corev1.Pod)
+		o, _ := obj.(*cluster.Pod)
 		l.objects.SetPod(key.id, o)
 	case objPolicy:
 		o, _ := obj.(*networkingv1.NetworkPolicy)

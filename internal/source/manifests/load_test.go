@@ -95,7 +95,7 @@ func keys(st *cluster.State) []string {
 	for k := range st.Namespaces {
 		out = append(out, "Namespace "+k)
 	}
-	for k := range st.Pods {
+	for k := range st.Pods.Keys() {
 		out = append(out, "Pod "+k)
 	}
 	for k := range st.Policies {
@@ -516,19 +516,19 @@ metadata: {name: bare}
 	if got := st.Namespaces["bare"].Labels; got[cluster.NamespaceNameLabel] != "bare" {
 		t.Errorf("namespace bare labels: %v", got)
 	}
-	pod := st.Pods["foo/web"]
-	if len(pod.Status.PodIPs) != 1 || pod.Status.PodIPs[0].IP != "10.244.1.5" {
-		t.Errorf("podIPs: %v", pod.Status.PodIPs)
+	pod := st.Pods.Get("foo/web")
+	if len(pod.IPs) != 1 || pod.IPs[0].String() != "10.244.1.5" {
+		t.Errorf("podIPs: %v", pod.IPs)
 	}
-	if p := pod.Spec.Containers[0].Ports[0].Protocol; p != corev1.ProtocolTCP {
+	if p := pod.Ports[0].Protocol; p != corev1.ProtocolTCP {
 		t.Errorf("container port protocol: %q", p)
-	}
-	if pod.Kind != "Pod" || pod.APIVersion != "v1" {
-		t.Errorf("TypeMeta: %+v", pod.TypeMeta)
 	}
 	web := st.Policies["default/allow-web"]
 	if web == nil {
 		t.Fatalf("policy without namespace not in default: %v", keys(st))
+	}
+	if web.Kind != "NetworkPolicy" || web.APIVersion != "networking.k8s.io/v1" {
+		t.Errorf("TypeMeta: %+v", web.TypeMeta) // a pod keeps none (cluster.Pod)
 	}
 	if !slices.Equal(web.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
 		t.Errorf("allow-web policyTypes: %v", web.Spec.PolicyTypes)

@@ -76,7 +76,7 @@ type kindInfo struct {
 func newKind[T any, PT interface {
 	*T
 	metav1.Object
-}](id objKind, apiVersions []string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList, strip func(*cluster.Interner, PT) PT) kindInfo {
+}, S metav1.Object](id objKind, apiVersions []string, namespaced bool, setType func(PT, metav1.TypeMeta), def func(PT), validate func(PT) field.ErrorList, strip func(*cluster.Interner, PT) S) kindInfo {
 	typeMeta := metav1.TypeMeta{Kind: id.String(), APIVersion: apiVersions[0]}
 	return kindInfo{
 		id:          id,
@@ -98,7 +98,9 @@ func newKind[T any, PT interface {
 		},
 		strip: func(in *cluster.Interner, o metav1.Object) metav1.Object {
 			obj := strip(in, o.(PT))
-			setType(obj, typeMeta)
+			if typed, ok := any(obj).(PT); ok {
+				setType(typed, typeMeta)
+			}
 			return obj
 		},
 	}
@@ -113,7 +115,7 @@ var kinds = map[string]kindInfo{
 	kindNamespace: newKind(objNamespace, core, false,
 		func(o *corev1.Namespace, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNamespace, cluster.ValidateNamespace, (*cluster.Interner).StripNamespace),
 	kindPod: newKind(objPod, core, true,
-		func(o *corev1.Pod, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultPod, cluster.ValidatePod, (*cluster.Interner).StripPod),
+		func(o *corev1.Pod, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultPod, cluster.ValidatePod, (*cluster.Interner).Pod),
 	kindPolicy: newKind(objPolicy, []string{"networking.k8s.io/v1"}, true,
 		func(o *networkingv1.NetworkPolicy, tm metav1.TypeMeta) { o.TypeMeta = tm }, cluster.DefaultNetworkPolicy, cluster.ValidateNetworkPolicy, (*cluster.Interner).StripNetworkPolicy),
 	kindNode: newKind(objNode, core, false,

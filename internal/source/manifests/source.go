@@ -315,7 +315,7 @@ func (s *Source) update(names []string, all bool, notify func()) error {
 		if changed = st != prev; changed {
 			s.state.Store(st)
 			s.logger.Info("manifests loaded", "dir", s.dir, "files", s.loader.goodFiles, "read", len(names), "all", all,
-				"problems", len(errs), "namespaces", len(st.Namespaces), "pods", len(st.Pods), "policies", len(st.Policies), "nodes", len(st.Nodes),
+				"problems", len(errs), "namespaces", len(st.Namespaces), "pods", st.Pods.Len(), "policies", len(st.Policies), "nodes", len(st.Nodes),
 				"clusterPolicies", len(st.ClusterPolicies))
 		}
 	}

@@ -104,7 +104,7 @@ func Generate(s Spec) *cluster.State {
 		if ip6.IsValid() {
 			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip6.String()})
 		}
-		st.Pods[cluster.Key(ns, p.Name)] = p
+		st.Pods.Set(cluster.Key(ns, p.Name), cluster.PodOf(p))
 	}
 	for i := 0; i < s.Policies; i++ {
 		np := policy(i, s.Namespaces)
@@ -288,9 +288,8 @@ func WriteObjectFiles(dir string, st *cluster.State) (int, error) {
 			return n, err
 		}
 	}
-	for _, p := range st.Pods {
-		p = p.DeepCopy()
-		p.APIVersion, p.Kind = "v1", "Pod"
+	for _, pod := range st.Pods.All() {
+		p := pod.APIObject()
 		if err := write(fmt.Sprintf("pod-%s-%s.yaml", p.Namespace, p.Name), p); err != nil {
 			return n, err
 		}
