@@ -109,10 +109,16 @@ func (m *members[T]) apply(changes []podChange, valuesOf func(*podInfo) []T) {
 	}
 }
 
-// version returns the content to publish and the difference since the last version.
+// version returns the content to publish and the difference since the last version. The
+// content is shared with the multiset until its next change, which copies it first: a set of
+// every pod's port at 150,000 pods is megabytes, and is published at every sync that changes it.
 func (m *members[T]) version() (values, added, removed []T) {
 	added, removed = m.content.takeDelta()
-	return cloneOrNil(m.content.sorted), added, removed
+	if len(m.content.sorted) == 0 {
+		return nil, added, removed
+	}
+	m.content.shared = true
+	return m.content.sorted, added, removed
 }
 
 // replaceWith takes fresh's contributions while recording the difference from the current
@@ -190,26 +196,38 @@ func (s *namedSetState) publish() {
 	s.published = next
 }
 
-// multiset keeps a sorted list of distinct values with a count each (two pods can briefly
-// share an IP), and the values that appeared or disappeared since the last takeDelta.
+// multiset keeps a sorted list of distinct values, how many times more than once a value is
+// held (two pods can briefly share an IP: rare, so only those values are counted, where a count
+// of every value cost a map entry per pod of the cluster), and the values that appeared or
+// disappeared since the last takeDelta.
 type multiset[T comparable] struct {
-	cmp            func(a, b T) int
-	count          map[T]int
-	sorted         []T
+	cmp    func(a, b T) int
+	sorted []T
+	// shared marks sorted as handed out (members.version): it is copied before it changes.
+	shared         bool
+	extra          map[T]int
 	added, removed map[T]bool
 }
 
 func newMultiset[T comparable](cmp func(a, b T) int) *multiset[T] {
-	return &multiset[T]{cmp: cmp, count: map[T]int{}, added: map[T]bool{}, removed: map[T]bool{}}
+	return &multiset[T]{cmp: cmp, extra: map[T]int{}, added: map[T]bool{}, removed: map[T]bool{}}
 }
 
 func (m *multiset[T]) add(v T) {
-	m.count[v]++
-	if m.count[v] > 1 {
+	i, found := slices.BinarySearchFunc(m.sorted, v, m.cmp)
+	if found {
+		m.extra[v]++
 		return
 	}
-	i, _ := slices.BinarySearchFunc(m.sorted, v, m.cmp)
-	m.sorted = slices.Insert(m.sorted, i, v)
+	if m.shared {
+		next := make([]T, len(m.sorted)+1, len(m.sorted)+1+len(m.sorted)/64)
+		copy(next, m.sorted[:i])
+		next[i] = v
+		copy(next[i+1:], m.sorted[i:])
+		m.sorted, m.shared = next, false
+	} else {
+		m.sorted = slices.Insert(m.sorted, i, v)
+	}
 	if m.removed[v] {
 		delete(m.removed, v)
 	} else {
@@ -218,11 +236,24 @@ func (m *multiset[T]) add(v T) {
 }
 
 func (m *multiset[T]) remove(v T) {
-	if m.count[v]--; m.count[v] > 0 {
+	if n := m.extra[v]; n > 0 {
+		if n == 1 {
+			delete(m.extra, v)
+		} else {
+			m.extra[v] = n - 1
+		}
 		return
 	}
-	delete(m.count, v)
-	if i, ok := slices.BinarySearchFunc(m.sorted, v, m.cmp); ok {
+	i, found := slices.BinarySearchFunc(m.sorted, v, m.cmp)
+	if !found {
+		return
+	}
+	if m.shared {
+		next := make([]T, len(m.sorted)-1, len(m.sorted)-1+len(m.sorted)/64)
+		copy(next, m.sorted[:i])
+		copy(next[i:], m.sorted[i+1:])
+		m.sorted, m.shared = next, false
+	} else {
 		m.sorted = slices.Delete(m.sorted, i, i+1)
 	}
 	if m.added[v] {
@@ -235,12 +266,15 @@ func (m *multiset[T]) remove(v T) {
 // build fills an empty multiset in one sort, where adding values one by one would move the
 // sorted slice for each.
 func (m *multiset[T]) build(values []T) {
-	m.count = make(map[T]int, len(values))
-	for _, v := range values {
-		m.count[v]++
-	}
 	m.sorted = slices.Clone(values)
 	slices.SortFunc(m.sorted, m.cmp)
+	m.shared = false
+	m.extra = map[T]int{}
+	for i := 1; i < len(m.sorted); i++ {
+		if m.sorted[i] == m.sorted[i-1] {
+			m.extra[m.sorted[i]]++
+		}
+	}
 	m.sorted = slices.Compact(m.sorted)
 }
 
