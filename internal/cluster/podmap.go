@@ -125,7 +125,9 @@ func (m *PodMap) Set(key string, pod *Pod) {
 }
 
 // Clone returns a PodMap holding the same pods as m, sharing every shard with it (the next Set of
-// either copies the shard it writes).
+// either copies the shard it writes). A map still being built owns its shards, and Clone gives
+// them up, which writes m: such a map must not be cloned by two goroutines at once. A map handed
+// out in a State owns none, and Clone only reads it.
 func (m *PodMap) Clone() *PodMap {
 	if m == nil {
 		return &PodMap{}

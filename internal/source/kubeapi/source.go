@@ -286,6 +286,16 @@ func unchanged(oldObj, newObj any) bool {
 	case *cluster.Pod:
 		o, ok := oldObj.(*cluster.Pod)
 		return ok && o.EqualIgnoringResourceVersion(n)
+	case *invalidObject:
+		// A pod that stays invalid for the same reasons (a status update, say) is not logged
+		// again.
+		o, ok := oldObj.(*invalidObject)
+		if !ok {
+			return false
+		}
+		op, ok1 := o.Object.(*cluster.Pod)
+		np, ok2 := n.Object.(*cluster.Pod)
+		return ok1 && ok2 && op.EqualIgnoringResourceVersion(np) && o.errs.ToAggregate().Error() == n.errs.ToAggregate().Error()
 	case *corev1.Namespace:
 		o, ok := oldObj.(*corev1.Namespace)
 		return ok && equalIgnoringResourceVersion(o, n)

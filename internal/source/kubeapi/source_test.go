@@ -171,6 +171,22 @@ func TestUnchanged(t *testing.T) {
 	if a.ResourceVersion != "12345" || b.ResourceVersion != "99999" {
 		t.Error("unchanged modified its arguments")
 	}
+	// An invalid pod updated in what the agent does not keep stays unchanged (it is not logged
+	// again); one whose problem changed, or that turned valid, is a change.
+	invalid := func(rv, ip string) any {
+		p := fullPod()
+		p.ResourceVersion = rv
+		p.Status.PodIPs = []corev1.PodIP{{IP: ip}, {IP: "10.244.1.9"}} // two IPv4 addresses
+		p.Status.PodIP = ip
+		return TransformPod(p)
+	}
+	i1, i2, i3 := invalid("1", "10.244.1.5"), invalid("2", "10.244.1.5"), invalid("3", "10.244.1.6")
+	if _, ok := i1.(*invalidObject); !ok {
+		t.Fatalf("not invalid: %#v", i1)
+	}
+	if !unchanged(i1, i2) || unchanged(i1, i3) || unchanged(i1, a) || unchanged(a, i1) {
+		t.Error("invalid pod comparison")
+	}
 	n1 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "1"}}
 	n2 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "2"}}
 	if !unchanged(n1, n2) || unchanged(n1, a) {
