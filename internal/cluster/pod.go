@@ -53,19 +53,7 @@ func (p *Pod) EqualIgnoringResourceVersion(q *Pod) bool {
 		return false
 	}
 	return p.Namespace == q.Namespace && p.Name == q.Name && p.NodeName == q.NodeName && p.Phase == q.Phase &&
-		p.HostNetwork == q.HostNetwork && sameLabels(p.Labels, q.Labels) && slices.Equal(p.IPs, q.IPs) && slices.Equal(p.Ports, q.Ports)
-}
-
-func sameLabels(a, b map[string]string) bool {
-	if len(a) != len(b) || (a == nil) != (b == nil) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
+		p.HostNetwork == q.HostNetwork && maps.Equal(p.Labels, q.Labels) && slices.Equal(p.IPs, q.IPs) && slices.Equal(p.Ports, q.Ports)
 }
 
 // PodOf returns what the agent keeps of pod, defaulted (as the sources make it, without their

@@ -481,10 +481,3 @@ func (cc *Compiler) setMembers(addrJobs []addrSetDef, namedJobs []namedSetDef) (
 	}
 	return byAddr, byNamed
 }
-
-func cloneOrNil[T any](s []T) []T {
-	if len(s) == 0 {
-		return nil
-	}
-	return slices.Clone(s)
-}
