@@ -9,6 +9,7 @@ import (
 	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/policy"
 	"github.com/netwarden/netwarden/internal/setdelta"
+	"github.com/netwarden/netwarden/internal/sortedset"
 )
 
 // ipset is one kernel set with its members in `ipset save` syntax (the value of every member
@@ -84,17 +85,17 @@ func policyChecker(rs *policy.Ruleset) func(string, *policy.PolicyRules) error {
 
 // largestFamily returns how many members the larger family's set of all needs. The sets are
 // counted only when both together could be too many.
-func largestFamily[T any](all []T, is6 func(T) bool) int {
-	if len(all) <= maxSetElements {
-		return len(all)
+func largestFamily[T sortedset.Ordered[T]](all sortedset.Set[T], is6 func(T) bool) int {
+	if all.Len() <= maxSetElements {
+		return all.Len()
 	}
 	n6 := 0
-	for _, v := range all {
+	for v := range all.All() {
 		if is6(v) {
 			n6++
 		}
 	}
-	return max(n6, len(all)-n6)
+	return max(n6, all.Len()-n6)
 }
 
 // namedPortProto recovers the protocol of a named-port set from its Ruleset name

@@ -14,6 +14,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/sortedset"
 	"github.com/netwarden/netwarden/internal/testkit/kerneltest"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
@@ -195,7 +196,7 @@ type tierScenario struct {
 func (s *tierScenario) addrSet(name string, pods ...string) {
 	addrs := s.tb.ips(pods...)
 	slices.SortFunc(addrs, netip.Addr.Compare)
-	s.rs.AddrSets[name] = &policy.AddrSet{Addrs: addrs}
+	s.rs.AddrSets[name] = &policy.AddrSet{Addrs: sortedset.Of(addrs...)}
 }
 
 func (s *tierScenario) np(pod string, dir policy.Direction, name string, rules ...policy.Rule) {
@@ -256,7 +257,7 @@ func baseScenario(tb *tierBed) *tierScenario {
 	for _, ip := range tb.ips("d") {
 		web = append(web, netip.AddrPortFrom(ip, 8080))
 	}
-	s.rs.NamedPortSets["port-web-tcp"] = &policy.NamedPortSet{Entries: web}
+	s.rs.NamedPortSets["port-web-tcp"] = &policy.NamedPortSet{Entries: sortedset.Of(web...)}
 
 	s.np("b", policy.Ingress, "deny-b")
 	s.np("c", policy.Ingress, "allow-c", policy.Rule{})

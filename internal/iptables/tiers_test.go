@@ -16,6 +16,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/sortedset"
 )
 
 // packet is a new connection's first packet as the filter table sees it.
@@ -218,7 +219,7 @@ func refPeer(rs *policy.Ruleset, peers []policy.Peer, a netip.Addr) bool {
 	for _, p := range peers {
 		switch {
 		case p.AddrSet != "":
-			if slices.Contains(rs.AddrSets[p.AddrSet].Addrs, a) {
+			if rs.AddrSets[p.AddrSet].Addrs.Contains(a) {
 				return true
 			}
 		case p.CIDRSet != "":
@@ -241,7 +242,7 @@ func refPort(rs *policy.Ruleset, ports []policy.PortMatch, p packet) bool {
 			return true
 		case pm.Protocol != p.proto:
 		case pm.NamedPortSet != "":
-			if slices.Contains(rs.NamedPortSets[pm.NamedPortSet].Entries, netip.AddrPortFrom(p.dst, p.dport)) {
+			if rs.NamedPortSets[pm.NamedPortSet].Entries.Contains(netip.AddrPortFrom(p.dst, p.dport)) {
 				return true
 			}
 		case len(pm.Ranges) == 0:
@@ -392,7 +393,7 @@ func randomRuleset(r *rand.Rand, w randomWorld, anyProtocol bool) *policy.Rulese
 	for i := range 4 {
 		addrs := randomSubset(r, all, 0.3)
 		slices.SortFunc(addrs, netip.Addr.Compare)
-		rs.AddrSets[fmt.Sprintf("pods-%d", i)] = &policy.AddrSet{Addrs: addrs}
+		rs.AddrSets[fmt.Sprintf("pods-%d", i)] = &policy.AddrSet{Addrs: sortedset.Of(addrs...)}
 	}
 	for name, cidr := range map[string]string{"cidr-a": "10.0.0.0/28", "cidr-b": "0.0.0.0/0", "cidr-c": "fd00::/124", "cidr-d": "192.0.2.0/24"} {
 		p := netip.MustParsePrefix(cidr)
@@ -404,7 +405,7 @@ func randomRuleset(r *rand.Rand, w randomWorld, anyProtocol bool) *policy.Rulese
 			entries = append(entries, netip.AddrPortFrom(a, uint16(80+r.IntN(3))))
 		}
 		slices.SortFunc(entries, netip.AddrPort.Compare)
-		rs.NamedPortSets[name] = &policy.NamedPortSet{Entries: entries}
+		rs.NamedPortSets[name] = &policy.NamedPortSet{Entries: sortedset.Of(entries...)}
 	}
 	dirs := []policy.Direction{policy.Ingress, policy.Egress}
 	byDir := map[policy.Direction][]string{}
@@ -726,9 +727,9 @@ func TestTierPacketWork(t *testing.T) {
 func tierRuleset() *policy.Ruleset {
 	rs := policy.NewRuleset()
 	a := netip.MustParseAddr
-	rs.AddrSets["pods-x"] = &policy.AddrSet{Addrs: []netip.Addr{a("10.0.0.9"), a("fd00::9")}}
+	rs.AddrSets["pods-x"] = &policy.AddrSet{Addrs: sortedset.Of(a("10.0.0.9"), a("fd00::9"))}
 	rs.CIDRSets["cidr-x"] = &policy.CIDRSet{Prefixes: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
-	rs.NamedPortSets["port-http-tcp"] = &policy.NamedPortSet{Entries: []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:8080")}}
+	rs.NamedPortSets["port-http-tcp"] = &policy.NamedPortSet{Entries: sortedset.Of(netip.MustParseAddrPort("10.0.0.1:8080"))}
 	rs.Policies["in/a/np"] = &policy.PolicyRules{Direction: policy.Ingress, Source: "a/np",
 		Rules: []policy.Rule{{Peers: []policy.Peer{{AddrSet: "pods-x"}}}}}
 	rs.Groups["grp-ingress-np"] = policy.Group{Direction: policy.Ingress, Policies: []string{"in/a/np"}}
@@ -832,7 +833,7 @@ func TestTierSetsKeptWhenPolicySkipped(t *testing.T) {
 	for i := range huge {
 		huge[i] = netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
 	}
-	rs.AddrSets["pods-huge"] = &policy.AddrSet{Addrs: huge}
+	rs.AddrSets["pods-huge"] = &policy.AddrSet{Addrs: sortedset.Of(huge...)}
 	rs.Policies["in/a/np"] = &policy.PolicyRules{Direction: policy.Ingress, Source: "a/np",
 		Rules: []policy.Rule{{Peers: []policy.Peer{{AddrSet: "pods-huge"}}}}}
 	r := Render(rs)

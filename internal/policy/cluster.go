@@ -12,6 +12,7 @@ import (
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/sortedset"
 )
 
 // compiledClusterPolicy is what one ClusterNetworkPolicy compiles to on its own: its rules per
@@ -331,11 +332,10 @@ func (cc *Compiler) nodeAddrSets(st *cluster.State, rs *Ruleset, sels map[string
 				}
 			}
 		}
-		slices.SortFunc(addrs, netip.Addr.Compare)
-		addrs = slices.Compact(addrs)
+		set := sortedset.Of(addrs...)
 		s := prev[name]
-		if s == nil || !slices.Equal(s.Addrs, addrs) {
-			s = &AddrSet{Addrs: addrs}
+		if s == nil || !s.Addrs.Equal(set) {
+			s = &AddrSet{Addrs: set}
 		}
 		cc.nodeSets[name] = s
 		rs.AddrSets[name] = s

@@ -79,7 +79,7 @@ func TestCompileSelectsOnlyLocalTargets(t *testing.T) {
 	if len(rules) != 1 || len(rules[0].Peers) != 2 || len(rules[0].Ports) != 2 {
 		t.Fatalf("rules = %+v", rules)
 	}
-	peerSet := rs.AddrSets[rules[0].Peers[0].AddrSet].Addrs
+	peerSet := rs.AddrSets[rules[0].Peers[0].AddrSet].Addrs.Slice()
 	if !slices.Equal(peerSet, []netip.Addr{netip.MustParseAddr("10.0.1.1")}) {
 		t.Fatalf("peer set = %v (remote pods are peers too)", peerSet)
 	}
@@ -87,7 +87,7 @@ func TestCompileSelectsOnlyLocalTargets(t *testing.T) {
 	if len(cidrs) != 8 { // /16 minus a /24 leaves one prefix each of /17 ... /24
 		t.Fatalf("cidr set = %v", cidrs)
 	}
-	named := rs.NamedPortSets[rules[0].Ports[1].NamedPortSet].Entries
+	named := rs.NamedPortSets[rules[0].Ports[1].NamedPortSet].Entries.Slice()
 	if len(named) != 3 {
 		t.Fatalf("named port set = %v", named)
 	}

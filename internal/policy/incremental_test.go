@@ -16,6 +16,7 @@ import (
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/sortedset"
 	"github.com/netwarden/netwarden/internal/testkit/synth"
 )
 
@@ -163,7 +164,7 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 				continue
 			}
 			m := map[netip.Addr]bool{}
-			for _, a := range as.Prev.Addrs {
+			for a := range as.Prev.Addrs.All() {
 				m[a] = true
 			}
 			for _, a := range as.Removed {
@@ -178,10 +179,10 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 				}
 				m[a] = true
 			}
-			if len(m) != len(as.Addrs) {
-				t.Fatalf("step %d: set %s: previous version plus delta has %d addresses, want %d", step, name, len(m), len(as.Addrs))
+			if len(m) != as.Addrs.Len() {
+				t.Fatalf("step %d: set %s: previous version plus delta has %d addresses, want %d", step, name, len(m), as.Addrs.Len())
 			}
-			for _, a := range as.Addrs {
+			for a := range as.Addrs.All() {
 				if !m[a] {
 					t.Fatalf("step %d: set %s: delta misses %s", step, name, a)
 				}
@@ -226,11 +227,11 @@ func content(rs *policy.Ruleset) *policy.Ruleset {
 	out := *rs
 	out.AddrSets = map[string]*policy.AddrSet{}
 	for k, v := range rs.AddrSets {
-		out.AddrSets[k] = &policy.AddrSet{Addrs: v.Addrs}
+		out.AddrSets[k] = &policy.AddrSet{Addrs: sortedset.Of(v.Addrs.Slice()...)}
 	}
 	out.NamedPortSets = map[string]*policy.NamedPortSet{}
 	for k, v := range rs.NamedPortSets {
-		out.NamedPortSets[k] = &policy.NamedPortSet{Entries: v.Entries}
+		out.NamedPortSets[k] = &policy.NamedPortSet{Entries: sortedset.Of(v.Entries.Slice()...)}
 	}
 	out.Dispatch, out.Groups = canonicalGroups(rs.Dispatch, rs.Groups)
 	out.Admin.Dispatch, out.Admin.Groups = canonicalGroups(rs.Admin.Dispatch, rs.Admin.Groups)
@@ -265,8 +266,8 @@ func canonicalGroups(dispatch map[policy.Direction]map[netip.Addr]string, groups
 func describeDiff(a, b *policy.Ruleset) string {
 	out := ""
 	for k, v := range a.AddrSets {
-		if w, ok := b.AddrSets[k]; !ok || !reflect.DeepEqual(v.Addrs, w.Addrs) {
-			out += fmt.Sprintf("addrset %s: %v vs %v\n", k, v.Addrs, w)
+		if w, ok := b.AddrSets[k]; !ok || !v.Addrs.Equal(w.Addrs) {
+			out += fmt.Sprintf("addrset %s: %v vs %v\n", k, v.Addrs.Slice(), w)
 		}
 	}
 	if !reflect.DeepEqual(a.Dispatch, b.Dispatch) {

@@ -169,7 +169,7 @@ func (rs *Ruleset) portMatches(ports []PortMatch, dst netip.Addr, proto Protocol
 			continue
 		}
 		if pm.NamedPortSet != "" {
-			if s := rs.NamedPortSets[pm.NamedPortSet]; s != nil && slices.Contains(s.Entries, netip.AddrPortFrom(dst, port)) {
+			if s := rs.NamedPortSets[pm.NamedPortSet]; s != nil && s.Entries.Contains(netip.AddrPortFrom(dst, port)) {
 				return true
 			}
 			continue

@@ -6,6 +6,8 @@ package policy
 
 import (
 	"net/netip"
+
+	"github.com/netwarden/netwarden/internal/sortedset"
 )
 
 // Direction is the side of a connection a policy rule judges.
@@ -123,9 +125,9 @@ type ClusterRule struct {
 // that changes a set or a policy's rules publishes a new value. Consumers may therefore treat
 // an unchanged pointer as unchanged content and skip work, which keeps incremental syncs small.
 
-// AddrSet is a sorted list of pod IPs, both families.
+// AddrSet is a sorted set of pod IPs, both families.
 type AddrSet struct {
-	Addrs []netip.Addr
+	Addrs sortedset.Set[netip.Addr]
 	// Prev is the version this one replaced, and Added and Removed the difference from it, so
 	// a consumer that handled Prev can apply just the difference. Only the newest link is
 	// kept: when a version is itself replaced, the compiler clears its Prev and delta.
@@ -161,9 +163,9 @@ func (rs *Ruleset) WithDomains(d DomainAddrs) *Ruleset {
 	return &out
 }
 
-// NamedPortSet is a sorted list of (pod IP, port) pairs, with the same version link as AddrSet.
+// NamedPortSet is a sorted set of (pod IP, port) pairs, with the same version link as AddrSet.
 type NamedPortSet struct {
-	Entries        []netip.AddrPort
+	Entries        sortedset.Set[netip.AddrPort]
 	Prev           *NamedPortSet
 	Added, Removed []netip.AddrPort
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/netwarden/netwarden/internal/cluster"
+	"github.com/netwarden/netwarden/internal/sortedset"
 )
 
 // addrSetDef defines a pod peer set: the pods a (namespaceSelector, podSelector) pair selects
@@ -49,91 +50,77 @@ func (d addrSetDef) matches(pi *podInfo, nsLabels map[string]labels.Set) bool {
 	return d.podSel.sel.Matches(pi.labels())
 }
 
-// members records which pods contribute which values to a set, and the resulting content.
-type members[T comparable] struct {
-	byPod   map[string][]T
-	content *multiset[T]
+// setValue is what a peer or named-port set holds: netip.Addr or netip.AddrPort.
+type setValue[T any] interface {
+	comparable
+	sortedset.Ordered[T]
 }
 
-func newMembers[T comparable](cmp func(a, b T) int) members[T] {
-	return members[T]{byPod: map[string][]T{}, content: newMultiset(cmp)}
+// members is the content of a set: the values its pods contribute. What a pod contributed is
+// not kept: it follows from the pod's previous version, which each change carries, under the
+// namespace labels the set was last computed with (a namespace change recomputes every set
+// that reads them). A map of every pod's contribution was tens of megabytes at 150,000 pods.
+type members[T setValue[T]] struct{ content *multiset[T] }
+
+func newMembers[T setValue[T]]() members[T] {
+	return members[T]{content: &multiset[T]{extra: map[T]int{}, added: map[T]bool{}, removed: map[T]bool{}}}
 }
 
-// set makes vals the contribution of pod key; nil removes the pod.
-func (m *members[T]) set(key string, vals []T) {
-	for _, v := range m.byPod[key] {
-		m.content.remove(v)
-	}
-	if vals == nil {
-		delete(m.byPod, key)
-	} else {
-		m.byPod[key] = vals
-	}
-	for _, v := range vals {
-		m.content.add(v)
-	}
-}
+// fill makes the values of an empty members all, which it takes over (a value repeats once
+// for each pod that holds it).
+func (m *members[T]) fill(all []T) { m.content.build(all) }
 
-// fill sets the contributions of an empty members at once; it keeps byPod.
-func (m *members[T]) fill(byPod map[string][]T) {
-	n := 0
-	for _, vals := range byPod {
-		n += len(vals)
-	}
-	all := make([]T, 0, n)
-	for _, vals := range byPod {
-		all = append(all, vals...)
-	}
-	// Adopted rather than copied: on a cold start every set is filled, and growing a copy of
-	// each map was most of the compile.
-	m.byPod = byPod
-	m.content.build(all)
-}
-
-// apply updates the contributions of the changed pods; valuesOf gives a pod's values, or nil
-// when it does not belong.
+// apply updates the content for the changed pods; valuesOf gives a pod's values, nil when it
+// does not belong. Each change takes out what its previous version gave and puts in what the
+// new one gives.
 func (m *members[T]) apply(changes []podChange, valuesOf func(*podInfo) []T) {
 	for _, ch := range changes {
-		var now []T
+		var old, now []T
+		if ch.old != nil {
+			old = valuesOf(ch.old)
+		}
 		if ch.new != nil {
 			now = valuesOf(ch.new)
 		}
-		old, was := m.byPod[ch.key]
-		switch {
-		case was && slices.Equal(old, now):
-		case len(now) > 0:
-			m.set(ch.key, now)
-		case was:
-			m.set(ch.key, nil)
+		if slices.Equal(old, now) {
+			continue
+		}
+		for _, v := range old {
+			m.content.remove(v)
+		}
+		for _, v := range now {
+			m.content.add(v)
 		}
 	}
 }
 
 // version returns the content to publish and the difference since the last version. The
-// content is shared with the multiset until its next change, which copies it first: a set of
-// every pod's port at 150,000 pods is megabytes, and is published at every sync that changes it.
-func (m *members[T]) version() (values, added, removed []T) {
+// content shares its chunks with the multiset, which copies a chunk before it next changes
+// it: a set of every pod's port at 150,000 pods is megabytes, and is published at every sync
+// that changes it.
+func (m *members[T]) version() (values sortedset.Set[T], added, removed []T) {
 	added, removed = m.content.takeDelta()
-	if len(m.content.sorted) == 0 {
-		return nil, added, removed
-	}
-	m.content.shared = true
-	return m.content.sorted, added, removed
+	return m.content.sorted.Set(), added, removed
 }
 
-// replaceWith takes fresh's contributions while recording the difference from the current
-// content, so a set recomputed from scratch is still published as a delta.
-func (m *members[T]) replaceWith(fresh map[string][]T) {
-	for key := range m.byPod {
-		if _, ok := fresh[key]; !ok {
-			m.set(key, nil)
+// replaceWith makes all (as fill takes it) the content, recording the difference from the
+// current content, so a set recomputed from scratch is still published as a delta.
+func (m *members[T]) replaceWith(all []T) {
+	fresh := multiset[T]{extra: map[T]int{}}
+	fresh.build(all)
+	c := m.content
+	was, now := c.sorted.Set(), fresh.sorted.Set()
+	for v := range now.All() {
+		if !was.Contains(v) {
+			c.appeared(v)
 		}
 	}
-	for key, vals := range fresh {
-		if !slices.Equal(m.byPod[key], vals) {
-			m.set(key, vals)
+	for v := range was.All() {
+		if !now.Contains(v) {
+			c.disappeared(v)
 		}
 	}
+	c.sorted, c.extra = fresh.sorted, fresh.extra
 }
 
 type addrSetState struct {
@@ -196,43 +183,22 @@ func (s *namedSetState) publish() {
 	s.published = next
 }
 
-// multiset keeps a sorted list of distinct values, how many times more than once a value is
+// multiset keeps a sorted set of distinct values, how many times more than once a value is
 // held (two pods can briefly share an IP: rare, so only those values are counted, where a count
 // of every value cost a map entry per pod of the cluster), and the values that appeared or
 // disappeared since the last takeDelta.
-type multiset[T comparable] struct {
-	cmp    func(a, b T) int
-	sorted []T
-	// shared marks sorted as handed out (members.version): it is copied before it changes.
-	shared         bool
+type multiset[T setValue[T]] struct {
+	sorted         sortedset.Builder[T]
 	extra          map[T]int
 	added, removed map[T]bool
 }
 
-func newMultiset[T comparable](cmp func(a, b T) int) *multiset[T] {
-	return &multiset[T]{cmp: cmp, extra: map[T]int{}, added: map[T]bool{}, removed: map[T]bool{}}
-}
-
 func (m *multiset[T]) add(v T) {
-	i, found := slices.BinarySearchFunc(m.sorted, v, m.cmp)
-	if found {
+	if !m.sorted.Insert(v) {
 		m.extra[v]++
 		return
 	}
-	if m.shared {
-		next := make([]T, len(m.sorted)+1, len(m.sorted)+1+len(m.sorted)/64)
-		copy(next, m.sorted[:i])
-		next[i] = v
-		copy(next[i+1:], m.sorted[i:])
-		m.sorted, m.shared = next, false
-	} else {
-		m.sorted = slices.Insert(m.sorted, i, v)
-	}
-	if m.removed[v] {
-		delete(m.removed, v)
-	} else {
-		m.added[v] = true
-	}
+	m.appeared(v)
 }
 
 func (m *multiset[T]) remove(v T) {
@@ -244,18 +210,22 @@ func (m *multiset[T]) remove(v T) {
 		}
 		return
 	}
-	i, found := slices.BinarySearchFunc(m.sorted, v, m.cmp)
-	if !found {
-		return
+	if m.sorted.Delete(v) {
+		m.disappeared(v)
 	}
-	if m.shared {
-		next := make([]T, len(m.sorted)-1, len(m.sorted)-1+len(m.sorted)/64)
-		copy(next, m.sorted[:i])
-		copy(next[i:], m.sorted[i+1:])
-		m.sorted, m.shared = next, false
+}
+
+// appeared and disappeared record a value that came into or went out of the content, for the
+// next takeDelta; a value that came and went since the last one is no difference.
+func (m *multiset[T]) appeared(v T) {
+	if m.removed[v] {
+		delete(m.removed, v)
 	} else {
-		m.sorted = slices.Delete(m.sorted, i, i+1)
+		m.added[v] = true
 	}
+}
+
+func (m *multiset[T]) disappeared(v T) {
 	if m.added[v] {
 		delete(m.added, v)
 	} else {
@@ -263,19 +233,16 @@ func (m *multiset[T]) remove(v T) {
 	}
 }
 
-// build fills an empty multiset in one sort, where adding values one by one would move the
-// sorted slice for each.
+// build fills an empty multiset in one sort, where adding values one by one would search for
+// each. It takes values over.
 func (m *multiset[T]) build(values []T) {
-	m.sorted = slices.Clone(values)
-	slices.SortFunc(m.sorted, m.cmp)
-	m.shared = false
-	m.extra = map[T]int{}
-	for i := 1; i < len(m.sorted); i++ {
-		if m.sorted[i] == m.sorted[i-1] {
-			m.extra[m.sorted[i]]++
+	slices.SortFunc(values, func(a, b T) int { return a.Compare(b) })
+	for i := 1; i < len(values); i++ {
+		if values[i] == values[i-1] {
+			m.extra[values[i]]++
 		}
 	}
-	m.sorted = slices.Compact(m.sorted)
+	m.sorted.Reset(values)
 }
 
 func (m *multiset[T]) dirty() bool { return len(m.added)+len(m.removed) > 0 }
@@ -288,15 +255,16 @@ func (m *multiset[T]) takeDelta() (added, removed []T) {
 	for v := range m.removed {
 		removed = append(removed, v)
 	}
-	slices.SortFunc(added, m.cmp)
-	slices.SortFunc(removed, m.cmp)
+	cmp := func(a, b T) int { return a.Compare(b) }
+	slices.SortFunc(added, cmp)
+	slices.SortFunc(removed, cmp)
 	clear(m.added)
 	clear(m.removed)
 	return added, removed
 }
 
 // addrSetMembers evaluates a set from scratch over the pods of the namespaces it can match.
-func (cc *Compiler) addrSetMembers(d addrSetDef, nsMatches map[string][]string) map[string][]netip.Addr {
+func (cc *Compiler) addrSetMembers(d addrSetDef, nsMatches map[string][]string) []netip.Addr {
 	namespaces := []string{d.policyNS}
 	if d.nsSel != nil {
 		var ok bool
@@ -310,23 +278,21 @@ func (cc *Compiler) addrSetMembers(d addrSetDef, nsMatches map[string][]string) 
 			nsMatches[d.nsSel.key] = namespaces
 		}
 	}
-	out := map[string][]netip.Addr{}
+	var out []netip.Addr
 	for _, ns := range namespaces {
-		for key, pi := range cc.byNS[ns] {
+		for _, pi := range cc.byNS[ns] {
 			if d.podSel.sel.Matches(pi.labels()) {
-				out[key] = pi.ips()
+				out = append(out, pi.ips()...)
 			}
 		}
 	}
 	return out
 }
 
-func (cc *Compiler) namedSetMembers(d namedSetDef, byPort map[string][]*podInfo) map[string][]netip.AddrPort {
-	out := map[string][]netip.AddrPort{}
+func (cc *Compiler) namedSetMembers(d namedSetDef, byPort map[string][]*podInfo) []netip.AddrPort {
+	var out []netip.AddrPort
 	for _, pi := range byPort[d.portName] {
-		if e := d.entries(pi); len(e) > 0 {
-			out[pi.key] = e
-		}
+		out = append(out, d.entries(pi)...)
 	}
 	return out
 }
@@ -389,7 +355,7 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 		st := cc.addrSets[name]
 		switch fresh, ok := freshAddr[name]; {
 		case st == nil:
-			st = &addrSetState{def: d, members: newMembers(netip.Addr.Compare)}
+			st = &addrSetState{def: d, members: newMembers[netip.Addr]()}
 			st.fill(fresh)
 		case ok:
 			st.replaceWith(fresh)
@@ -414,7 +380,7 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 		st := cc.namedSets[name]
 		switch fresh, ok := freshNamed[name]; {
 		case st == nil:
-			st = &namedSetState{def: d, members: newMembers(netip.AddrPort.Compare)}
+			st = &namedSetState{def: d, members: newMembers[netip.AddrPort]()}
 			st.fill(fresh)
 		case ok:
 			st.replaceWith(fresh)
@@ -445,9 +411,9 @@ const parallelSets = 32
 // only reads the compiler's indexes of pods and namespaces, which nothing changes meanwhile,
 // so many sets are computed by one worker per CPU, each with its own cache of namespace
 // selector matches.
-func (cc *Compiler) setMembers(addrJobs []addrSetDef, namedJobs []namedSetDef) (map[string]map[string][]netip.Addr, map[string]map[string][]netip.AddrPort) {
-	addr := make([]map[string][]netip.Addr, len(addrJobs))
-	named := make([]map[string][]netip.AddrPort, len(namedJobs))
+func (cc *Compiler) setMembers(addrJobs []addrSetDef, namedJobs []namedSetDef) (map[string][]netip.Addr, map[string][]netip.AddrPort) {
+	addr := make([][]netip.Addr, len(addrJobs))
+	named := make([][]netip.AddrPort, len(namedJobs))
 	byPort := cc.podsByPort(namedJobs)
 	work := func(next func() int) {
 		nsMatches := map[string][]string{}
@@ -471,11 +437,11 @@ func (cc *Compiler) setMembers(addrJobs []addrSetDef, namedJobs []namedSetDef) (
 		}
 		wg.Wait()
 	}
-	byAddr := make(map[string]map[string][]netip.Addr, len(addrJobs))
+	byAddr := make(map[string][]netip.Addr, len(addrJobs))
 	for i, d := range addrJobs {
 		byAddr[d.name] = addr[i]
 	}
-	byNamed := make(map[string]map[string][]netip.AddrPort, len(namedJobs))
+	byNamed := make(map[string][]netip.AddrPort, len(namedJobs))
 	for i, d := range namedJobs {
 		byNamed[d.name] = named[i]
 	}

@@ -78,8 +78,7 @@ func (s *AddrSet) Holds(addr netip.Addr) bool {
 	if s == nil {
 		return false
 	}
-	_, found := slices.BinarySearchFunc(s.Addrs, addr, netip.Addr.Compare)
-	return found
+	return s.Addrs.Contains(addr)
 }
 
 // AddressRules names the policies judging local in direction dir (in any stage) that have a

@@ -9,6 +9,7 @@
 package setdelta
 
 import (
+	"iter"
 	"maps"
 	"net/netip"
 	"slices"
@@ -84,19 +85,20 @@ func (c *Content[V]) Changes(old *Content[V]) (add, del []string) {
 // Version is one published value of a family-mixed versioned set, as the renderers read it:
 // K identifies a value (its pointer), T is a member.
 type Version[K comparable, T any] struct {
-	Value, Prev         K // Prev is the value Value replaced
-	All, Added, Removed []T
-	Is6                 func(T) bool
+	Value, Prev    K // Prev is the value Value replaced
+	All            iter.Seq[T]
+	Added, Removed []T
+	Is6            func(T) bool
 }
 
 // AddrSet is s as a Version.
 func AddrSet(s *policy.AddrSet) Version[*policy.AddrSet, netip.Addr] {
-	return Version[*policy.AddrSet, netip.Addr]{Value: s, Prev: s.Prev, All: s.Addrs, Added: s.Added, Removed: s.Removed, Is6: netip.Addr.Is6}
+	return Version[*policy.AddrSet, netip.Addr]{Value: s, Prev: s.Prev, All: s.Addrs.All(), Added: s.Added, Removed: s.Removed, Is6: netip.Addr.Is6}
 }
 
 // NamedPortSet is s as a Version.
 func NamedPortSet(s *policy.NamedPortSet) Version[*policy.NamedPortSet, netip.AddrPort] {
-	return Version[*policy.NamedPortSet, netip.AddrPort]{Value: s, Prev: s.Prev, All: s.Entries, Added: s.Added, Removed: s.Removed,
+	return Version[*policy.NamedPortSet, netip.AddrPort]{Value: s, Prev: s.Prev, All: s.Entries.All(), Added: s.Added, Removed: s.Removed,
 		Is6: func(e netip.AddrPort) bool { return e.Addr().Is6() }}
 }
 
@@ -153,14 +155,14 @@ type familyView struct {
 // are all, with added and removed the difference from the previous version. When withDelta is
 // set, that version was rendered with prevCount members per family, so the counts follow from
 // the difference without walking all.
-func splitByFamily[T any](all, added, removed []T, withDelta bool, prevCount [2]int,
+func splitByFamily[T any](all iter.Seq[T], added, removed []T, withDelta bool, prevCount [2]int,
 	is6 func(T) bool, format func(T) string) [2]familyView {
 	var views [2]familyView
 	for fam := range views {
 		v6 := fam == 1
-		of := func(vs []T) []string {
+		of := func(vs iter.Seq[T]) []string {
 			var out []string
-			for _, v := range vs {
+			for v := range vs {
 				if is6(v) == v6 {
 					out = append(out, format(v))
 				}
@@ -170,11 +172,11 @@ func splitByFamily[T any](all, added, removed []T, withDelta bool, prevCount [2]
 		v := &views[fam]
 		v.members = func() []string { return of(all) }
 		if withDelta {
-			v.added, v.removed = of(added), of(removed)
+			v.added, v.removed = of(slices.Values(added)), of(slices.Values(removed))
 			v.count = prevCount[fam] + len(v.added) - len(v.removed)
 			continue
 		}
-		for _, e := range all {
+		for e := range all {
 			if is6(e) == v6 {
 				v.count++
 			}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/sortedset"
 )
 
 type testSet struct{ Content[bool] }
@@ -23,8 +24,8 @@ func addrs(s ...string) []netip.Addr {
 // TestPairDelta holds the three ways Pair renders a value (reused, as a difference, in full)
 // against what Changes then sends.
 func TestPairDelta(t *testing.T) {
-	v1 := &policy.AddrSet{Addrs: addrs("10.0.0.1", "10.0.0.2", "fd00::1")}
-	v2 := &policy.AddrSet{Addrs: addrs("10.0.0.2", "10.0.0.3", "fd00::1"), Prev: v1,
+	v1 := &policy.AddrSet{Addrs: sortedset.Of(addrs("10.0.0.1", "10.0.0.2", "fd00::1")...)}
+	v2 := &policy.AddrSet{Addrs: sortedset.Of(addrs("10.0.0.2", "10.0.0.3", "fd00::1")...), Prev: v1,
 		Added: addrs("10.0.0.3"), Removed: addrs("10.0.0.1")}
 	prev, cur := map[*policy.AddrSet][2]*testSet{}, map[*policy.AddrSet][2]*testSet{}
 	p1 := Pair(prev, cur, AddrSet(v1), netip.Addr.String, true, newTestSet)

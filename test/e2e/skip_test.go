@@ -16,6 +16,7 @@ import (
 	"github.com/netwarden/netwarden/internal/kernel/xtables"
 	"github.com/netwarden/netwarden/internal/nftables"
 	"github.com/netwarden/netwarden/internal/policy"
+	"github.com/netwarden/netwarden/internal/sortedset"
 	"github.com/netwarden/netwarden/internal/testkit/simnode"
 	"github.com/netwarden/netwarden/internal/testkit/testbed"
 )
@@ -56,10 +57,11 @@ func renamePolicyChains(rs *policy.Ruleset, source string) {
 
 // addHugePeerSet adds to each rule of one policy a peer set of 2^20+1 addresses in 100.64.0.0/10.
 func addHugePeerSet(rs *policy.Ruleset, source string) {
-	huge := &policy.AddrSet{}
+	var addrs []netip.Addr
 	for i := range 1<<20 + 1 {
-		huge.Addrs = append(huge.Addrs, netip.AddrFrom4([4]byte{100, byte(64 + i>>16), byte(i >> 8), byte(i)}))
+		addrs = append(addrs, netip.AddrFrom4([4]byte{100, byte(64 + i>>16), byte(i >> 8), byte(i)}))
 	}
+	huge := &policy.AddrSet{Addrs: sortedset.Of(addrs...)}
 	rs.AddrSets["pods-huge"] = huge
 	for chain, pr := range rs.Policies {
 		if pr.Source != source {
