@@ -68,6 +68,7 @@ type Compiler struct {
 
 	clusterPolicies map[*npav1beta1.ClusterNetworkPolicy]*compiledClusterPolicy
 	nodeSets        map[string]*AddrSet // node peer sets of the previous compile
+	clusterPart     *clusterPart        // what the ClusterNetworkPolicies contributed to it
 	// localGen counts changes to the local pods or to namespace labels, which invalidate the
 	// cached subjects of ClusterNetworkPolicies. It starts at 1: 0 marks no cached subject.
 	localGen uint64
@@ -179,10 +180,14 @@ func (cc *Compiler) compile(st *cluster.State) (*Ruleset, Stats) {
 	var nsChanged bool
 	// onlyClusterPolicies: nothing a NetworkPolicy verdict depends on changed.
 	onlyClusterPolicies := false
+	// clusterInputsChanged: ClusterNetworkPolicies or nodes may have changed.
+	clusterInputsChanged := true
 	switch ch := st.Changes; {
 	case st.Generation != 0 && st.Generation == cc.gen:
 		// The same snapshot again (a resync without events): nothing changed.
+		clusterInputsChanged = false
 	case ch != nil && cc.gen != 0 && ch.Since == cc.gen:
+		clusterInputsChanged = len(ch.ClusterPolicies) > 0 || len(ch.Nodes) > 0
 		changes = cc.diffPodKeys(st, ch.Pods)
 		if len(ch.Namespaces) > 0 || cc.impliedNamespacesChanged(st, changes) {
 			nsChanged = cc.diffNamespaces(st)
@@ -229,7 +234,7 @@ func (cc *Compiler) compile(st *cluster.State) (*Ruleset, Stats) {
 	if len(st.ClusterPolicies) > 0 {
 		addrDefs, namedDefs = maps.Clone(addrDefs), maps.Clone(namedDefs)
 	}
-	cc.compileClusterPolicies(st, rs, &stats, addrDefs, namedDefs)
+	cc.compileClusterPolicies(st, rs, &stats, addrDefs, namedDefs, clusterInputsChanged)
 	stats.RecomputedSets = cc.updateSets(rs, addrDefs, namedDefs, changes, nsChanged)
 	return rs, stats
 }

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 	"github.com/netwarden/netwarden/internal/policy"
@@ -51,7 +52,7 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 		next := st.Clone()
 		keys := podKeys(next)
 		what := ""
-		switch r.IntN(14) {
+		switch r.IntN(16) {
 		case 0: // relabel a pod
 			k := keys[r.IntN(len(keys))]
 			p := clonePod(next.Pods.Get(k))
@@ -139,6 +140,23 @@ func testIncrementalCompile(t *testing.T, numbered bool) {
 				what = "reprioritize cnp " + k
 				break
 			}
+		case 14: // add a ClusterNetworkPolicy admitting the nodes of a zone
+			cnp := synth.ClusterPolicy(r.IntN(200))
+			cnp.Name = fmt.Sprintf("to-nodes-%d", step)
+			cnp.Spec.Egress = append(cnp.Spec.Egress, npav1beta1.ClusterNetworkPolicyEgressRule{Action: npav1beta1.ClusterNetworkPolicyRuleActionAccept,
+				To: []npav1beta1.ClusterNetworkPolicyEgressPeer{{Nodes: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "a"}}}}})
+			next.ClusterPolicies[cnp.Name] = cnp
+			what = "add cnp to nodes " + cnp.Name
+		case 15: // move a node into or out of that zone, with a new address
+			name := fmt.Sprintf("node-%d", r.IntN(spec.Nodes))
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+			if old := next.Nodes[name]; old != nil {
+				node = old.DeepCopy()
+			}
+			node.Labels = map[string]string{"zone": []string{"a", "b"}[r.IntN(2)]}
+			node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("192.0.2.%d", r.IntN(250))}}
+			next.Nodes[name] = node
+			what = "move node " + name
 		case 13: // change a policy in place: whom it selects and whom it admits
 			for k, np := range next.Policies {
 				np = np.DeepCopy()
