@@ -129,6 +129,20 @@ func (t *Tracker) SetPod(key string, pod *Pod) {
 	t.dirty[kindPod][key] = struct{}{}
 }
 
+// Pod returns the pod stored under key, nil if none.
+func (t *Tracker) Pod(key string) *Pod {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cur.Pods.Get(key)
+}
+
+// PodKeys returns the keys of the stored pods, in no order.
+func (t *Tracker) PodKeys() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.AppendSeq(make([]string, 0, t.cur.Pods.Len()), t.cur.Pods.Keys())
+}
+
 // SetPolicy stores np under key (namespace/name), or removes key when np is nil.
 func (t *Tracker) SetPolicy(key string, np *networkingv1.NetworkPolicy) {
 	put(t, &t.cur.Policies, kindPolicy, key, np)

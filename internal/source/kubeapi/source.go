@@ -1,4 +1,5 @@
-// Package kubeapi provides cluster state from the Kubernetes API through client-go shared informers.
+// Package kubeapi provides cluster state from the Kubernetes API through client-go shared informers,
+// and for pods a reflector that feeds the Tracker directly (see podFeed).
 //
 // Objects are stripped to the fields the agent uses and defaulted as they enter the informer caches
 // (see Transform). The event handlers validate each object once, as it arrives, and keep the valid
@@ -14,8 +15,8 @@ import (
 	"io"
 	"log/slog"
 	"sync/atomic"
-	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -23,23 +24,26 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/informers"
-	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/netwarden/netwarden/internal/cluster"
 )
 
-// Source is a cluster.Source backed by shared informers for Namespaces, Pods, NetworkPolicies and
-// Nodes, and, when given a client for them (WithClusterNetworkPolicies), ClusterNetworkPolicies
+// Source is a cluster.Source backed by shared informers for Namespaces, NetworkPolicies and
+// Nodes, a reflector for Pods, and, when given a client for them (WithClusterNetworkPolicies), ClusterNetworkPolicies
 // while their CRD is served.
 type Source struct {
 	logger *slog.Logger
-	// factory and podFactory hold the informers; pods are listed with a field selector.
-	factory, podFactory informers.SharedInformerFactory
-	informers           []namedInformer
+	// factory holds the informers of namespaces, policies and nodes.
+	factory   informers.SharedInformerFactory
+	informers []namedInformer
+	// pods go from their reflector straight into objects (see podFeed).
+	pods         *podFeed
+	podReflector *cache.Reflector
 	// cnp watches ClusterNetworkPolicies; nil when the Source has no client for them.
 	cnp *cnpWatcher
 
@@ -147,15 +151,14 @@ func New(client kubernetes.Interface, logger *slog.Logger, opts ...Option) *Sour
 		opt(&o)
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Transform))
-	// Pods through a factory of their own, which asks the API server only for the pods a
-	// policy can select or name (PodFieldSelector, see podInformer): the others are never sent.
-	podFactory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Transform))
-	s := &Source{logger: logger, factory: factory, podFactory: podFactory, objects: cluster.NewTracker()}
+	s := &Source{logger: logger, factory: factory, objects: cluster.NewTracker()}
+	// Only the pods a policy can select or name are asked for (PodFieldSelector): the others
+	// are never sent.
+	s.pods = newPodFeed(handler(s, "Pod", "pods", func(*cluster.Pod) field.ErrorList { return nil }, s.objects.SetPod), s.objects) // validated by TransformPod
+	s.podReflector = newPodReflector(client, s.pods)
 	s.informers = []namedInformer{
 		{"namespaces", factory.Core().V1().Namespaces().Informer(),
 			handler(s, "Namespace", "namespaces", cluster.ValidateNamespace, s.objects.SetNamespace), nil},
-		{"pods", podInformer(podFactory),
-			handler(s, "Pod", "pods", func(*cluster.Pod) field.ErrorList { return nil }, s.objects.SetPod), nil}, // validated by TransformPod
 		{"networkpolicies", factory.Networking().V1().NetworkPolicies().Informer(),
 			handler(s, "NetworkPolicy", "networkpolicies", cluster.ValidateNetworkPolicy, s.objects.SetPolicy), nil},
 		{"nodes", factory.Core().V1().Nodes().Informer(),
@@ -172,16 +175,6 @@ func New(client kubernetes.Interface, logger *slog.Logger, opts ...Option) *Sour
 		s.cnp = newCNPWatcher(s, client, o)
 	}
 	return s
-}
-
-// podInformer returns the factory's pod informer, made without the namespace index the
-// factory's own has: nothing here lists pods by namespace, and at 150,000 pods the index costs
-// some 20 MB.
-func podInformer(factory informers.SharedInformerFactory) cache.SharedIndexInformer {
-	return factory.InformerFor(&corev1.Pod{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return coreinformers.NewFilteredPodInformer(c, metav1.NamespaceAll, resync, cache.Indexers{},
-			func(o *metav1.ListOptions) { o.FieldSelector = PodFieldSelector })
-	})
 }
 
 // watchError logs a failed list or watch of resource, which the informer retries.
@@ -257,8 +250,15 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 
 	s.factory.Start(ctx.Done())
 	defer s.factory.Shutdown()
-	s.podFactory.Start(ctx.Done())
-	defer s.podFactory.Shutdown()
+	s.pods.notify = notify
+	podsDone := make(chan struct{})
+	go func() {
+		defer close(podsDone)
+		// The reflector logs its watch errors through the context's logger: the Source's.
+		s.podReflector.RunWithContext(klog.NewContext(ctx, logr.FromSlogHandler(s.logger.Handler())))
+	}()
+	defer func() { <-podsDone }()
+	synced = append(synced, s.pods.synced.Load)
 	if s.cnp != nil {
 		done := make(chan struct{})
 		go func() {
@@ -332,8 +332,9 @@ func equalIgnoringResourceVersion[T any, PT interface {
 	return equality.Semantic.DeepEqual(&x, &y)
 }
 
-// HasSynced reports whether all four informers have synced and their initial objects have been
-// delivered to the event handlers, and, with a client for ClusterNetworkPolicies, whether API
+// HasSynced reports whether the informers of namespaces, policies and nodes have synced and
+// their initial objects have been delivered to the event handlers, whether the first list of
+// pods has been delivered, and, with a client for ClusterNetworkPolicies, whether API
 // discovery has said if their CRD is served and, when it is, their informer has synced too. It is
 // false before Run.
 func (s *Source) HasSynced() bool {
@@ -346,7 +347,7 @@ func (s *Source) HasSynced() bool {
 			return false
 		}
 	}
-	return s.cnp == nil || s.cnp.synced()
+	return s.pods.synced.Load() && (s.cnp == nil || s.cnp.synced())
 }
 
 // Snapshot returns the valid objects delivered so far. The objects are the cached ones (already
