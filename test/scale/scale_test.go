@@ -183,8 +183,9 @@ func neededBytes(p *cluster.Pod) int {
 	return len(data)
 }
 
-// agentProc reads the agent's resident memory (KiB) and CPU time from /proc.
-func agentProc(b *testing.B, pid int) (rss, hwm int, cpu time.Duration) {
+// procUsage reads a process's resident memory (KiB) and CPU time from /proc: the agent's, or
+// the API server's and etcd's.
+func procUsage(b *testing.B, pid int) (rss, hwm int, cpu time.Duration) {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)
@@ -263,14 +264,14 @@ func BenchmarkKubernetesLimits(b *testing.B) {
 		startDown, _ := sim.ForwardedBytes()
 		b.ReportMetric(float64(startDown)/(1<<20), "start-received-MiB")
 		time.Sleep(5 * time.Second) // the first sync's garbage collected
-		rss, hwm, _ := agentProc(b, sim.AgentPID())
+		rss, hwm, _ := procUsage(b, sim.AgentPID())
 		if path := os.Getenv("NETWARDEN_SCALE_PROFILE"); path != "" {
 			fetchProfile(b, sim, "heap", path+".heap")
 		}
 		b.ReportMetric(float64(rss)/1024, "rss-MiB")
 		b.ReportMetric(float64(hwm)/1024, "peak-rss-MiB")
 
-		churn(ctx, b, c, sim, st)
+		churn(ctx, b, c, sim, st, srv)
 		if err := sim.StopAgent(); err != nil {
 			b.Fatal(err)
 		}
@@ -279,8 +280,10 @@ func BenchmarkKubernetesLimits(b *testing.B) {
 
 // churn changes pods anywhere in the cluster at 100 a second for a minute (relabels, creates
 // and deletes in turn) and reports the latency from the API server's answer to the agent's
-// /status covering the change, the agent's CPU, and the bytes it received per change.
-func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simnode.Sim, st *cluster.State) {
+// /status covering the change, the agent's CPU, and the bytes it received per change. It also
+// reports the CPU of kube-apiserver and etcd, which share the machine's cores with the agent
+// and the churn's client, and whose share of the latency is the rest of it.
+func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simnode.Sim, st *cluster.State, srv *kubetest.Server) {
 	const rate, duration = 100, time.Minute
 	var keys []string
 	for k, p := range st.Pods.All() {
@@ -328,7 +331,10 @@ func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simno
 	}
 	logFrom := len(sim.Log())
 	pid := sim.AgentPID()
-	_, _, cpu0 := agentProc(b, pid)
+	_, _, cpu0 := procUsage(b, pid)
+	apiPID, etcdPID := srv.PIDs()
+	_, _, apiCPU0 := procUsage(b, apiPID)
+	_, _, etcdCPU0 := procUsage(b, etcdPID)
 	down0, _ := sim.ForwardedBytes()
 	var neededTotal, changes int
 	var created []*cluster.Pod
@@ -394,7 +400,9 @@ func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simno
 		b.Fatalf("churn: %v", *err)
 	}
 	wall := time.Since(start)
-	_, _, cpu1 := agentProc(b, pid)
+	_, _, cpu1 := procUsage(b, pid)
+	_, _, apiCPU1 := procUsage(b, apiPID)
+	_, _, etcdCPU1 := procUsage(b, etcdPID)
 	down1, _ := sim.ForwardedBytes()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -416,6 +424,8 @@ func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simno
 	b.ReportMetric(ms(latencies[len(latencies)/2]), "change-to-kernel-p50-ms")
 	b.ReportMetric(ms(latencies[len(latencies)*99/100]), "change-to-kernel-p99-ms")
 	b.ReportMetric((cpu1-cpu0).Seconds()/wall.Seconds(), "churn-cpu-cores")
+	b.ReportMetric((apiCPU1-apiCPU0).Seconds()/wall.Seconds(), "churn-apiserver-cpu-cores")
+	b.ReportMetric((etcdCPU1-etcdCPU0).Seconds()/wall.Seconds(), "churn-etcd-cpu-cores")
 	// The agent's own share, from the event reaching it to the end of the sync (its synced
 	// lines): what remains of the latency is the API server's and the watch's.
 	steps := map[string][]time.Duration{}
@@ -443,7 +453,7 @@ func churn(ctx context.Context, b *testing.B, c kubernetes.Interface, sim *simno
 	}
 	b.ReportMetric(float64(down1-down0)/float64(changes), "received-bytes/change")
 	b.ReportMetric(float64(neededTotal)/float64(changes), "needed-bytes/change")
-	rss, hwm, _ := agentProc(b, pid)
+	rss, hwm, _ := procUsage(b, pid)
 	b.ReportMetric(float64(rss)/1024, "churn-rss-MiB")
 	b.ReportMetric(float64(hwm)/1024, "churn-peak-rss-MiB")
 }

@@ -402,3 +402,8 @@ func randomToken() (string, error) {
 	}
 	return hex.EncodeToString(b), nil
 }
+
+// PIDs returns the process IDs of kube-apiserver and etcd, for measuring what they use.
+func (s *Server) PIDs() (apiserver, etcd int) {
+	return s.apiserver.cmd.Process.Pid, s.etcd.cmd.Process.Pid
+}
