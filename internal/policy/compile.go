@@ -70,7 +70,8 @@ type Compiler struct {
 	nodeSets        map[string]*AddrSet // node peer sets of the previous compile
 	clusterPart     *clusterPart        // what the ClusterNetworkPolicies contributed to it
 	// localGen counts changes to the local pods or to namespace labels, which invalidate the
-	// cached subjects of ClusterNetworkPolicies. It starts at 1: 0 marks no cached subject.
+	// cached subjects of ClusterNetworkPolicies and their clusterPart. It starts at 1: 0 marks
+	// no cached subject.
 	localGen uint64
 
 	groupNames map[string]*groupNamer // per dispatch map, see groupNamer

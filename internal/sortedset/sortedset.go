@@ -25,7 +25,8 @@ type Set[T Ordered[T]] struct {
 	n      int
 }
 
-// Of returns the Set of vals, in any order and with repeats.
+// Of returns the Set of vals, in any order and with repeats. It takes vals over: the caller
+// must not use it afterwards.
 func Of[T Ordered[T]](vals ...T) Set[T] {
 	var b Builder[T]
 	b.Reset(vals)
@@ -187,17 +188,34 @@ func (b *Builder[T]) Delete(v T) bool {
 	case len(c) == 0:
 		b.chunks = slices.Delete(b.chunks, i, i+1)
 		b.owned = slices.Delete(b.owned, i, i+1)
-	case len(c) < chunkMax/4 && i+1 < len(b.chunks) && len(c)+len(b.chunks[i+1]) <= chunkMax/2:
-		// A chunk that shrank joins the next, so that churn cannot leave many small ones.
-		merged := make([]T, 0, len(c)+len(b.chunks[i+1])+chunkMax/8)
-		merged = append(append(merged, c...), b.chunks[i+1]...)
-		b.chunks[i] = merged
-		b.chunks = slices.Delete(b.chunks, i+1, i+2)
-		b.owned = slices.Delete(b.owned, i+1, i+2)
 	default:
 		b.chunks[i] = c
+		if len(c) < chunkMax/4 {
+			b.joinNeighbour(i)
+		}
 	}
 	return true
+}
+
+// joinNeighbour joins chunk i, which shrank below a quarter of chunkMax, to the next chunk or
+// else the previous one, when the two fit in one: churn then leaves few small chunks, though
+// one whose neighbours are both nearly full stays on its own.
+func (b *Builder[T]) joinNeighbour(i int) {
+	j := -1 // the first of the two to join
+	switch fits := func(k int) bool { return len(b.chunks[k])+len(b.chunks[k+1]) <= chunkMax }; {
+	case i+1 < len(b.chunks) && fits(i):
+		j = i
+	case i > 0 && fits(i-1):
+		j = i - 1
+	default:
+		return
+	}
+	b.writeIndex()
+	merged := make([]T, 0, len(b.chunks[j])+len(b.chunks[j+1])+chunkMax/8)
+	merged = append(append(merged, b.chunks[j]...), b.chunks[j+1]...)
+	b.chunks[j], b.owned[j] = merged, true
+	b.chunks = slices.Delete(b.chunks, j+1, j+2)
+	b.owned = slices.Delete(b.owned, j+1, j+2)
 }
 
 // writeIndex makes the chunks slice b's own to change.

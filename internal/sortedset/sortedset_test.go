@@ -116,6 +116,29 @@ func TestSetSharesChunks(t *testing.T) {
 	}
 }
 
+// TestSmallChunksJoin: emptying every other chunk down to one value leaves no chunk of one.
+func TestSmallChunksJoin(t *testing.T) {
+	b := evenAddrs(76800)
+	before := len(b.chunks)
+	var doomed []netip.Addr
+	for i, c := range b.chunks {
+		if i%2 == 0 {
+			doomed = append(doomed, c[1:]...)
+		}
+	}
+	for _, a := range doomed {
+		b.Delete(a)
+	}
+	for i, c := range b.chunks {
+		if len(c) < chunkMax/4 {
+			t.Fatalf("chunk %d of %d holds %d values, after %d chunks were emptied to one each", i, len(b.chunks), len(c), before/2)
+		}
+	}
+	if b.Len() != 76800-len(doomed) {
+		t.Fatalf("Len %d, want %d", b.Len(), 76800-len(doomed))
+	}
+}
+
 func BenchmarkInsertDeletePublish(b *testing.B) {
 	s := evenAddrs(150000)
 	rng := rand.New(rand.NewPCG(1, 2))

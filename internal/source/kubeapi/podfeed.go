@@ -38,24 +38,34 @@ func newPodFeed(events kindHandler, objects *cluster.Tracker) *podFeed {
 
 // podListWatch lists and watches the pods a policy can select or name (PodFieldSelector), with
 // the streaming first list (WatchList) where the client and server have it, as client-go's
-// own pod informer does.
-func podListWatch(client kubernetes.Interface) cache.ListerWatcher {
+// own pod informer does. failed is told of every list or watch that could not start: a
+// reflector, unlike an informer, takes no handler of its own for them.
+func podListWatch(client kubernetes.Interface, failed func(error)) cache.ListerWatcher {
 	pods := client.CoreV1().Pods(metav1.NamespaceAll)
 	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = PodFieldSelector
-			return pods.List(ctx, o)
+			l, err := pods.List(ctx, o)
+			if err != nil {
+				failed(err)
+			}
+			return l, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = PodFieldSelector
-			return pods.Watch(ctx, o)
+			w, err := pods.Watch(ctx, o)
+			if err != nil {
+				failed(err)
+			}
+			return w, err
 		},
 	}, client)
 }
 
-// newPodReflector returns the reflector that keeps feed in step with the API server's pods.
-func newPodReflector(client kubernetes.Interface, feed *podFeed) *cache.Reflector {
-	return cache.NewReflectorWithOptions(podListWatch(client), &corev1.Pod{}, feed,
+// newPodReflector returns the reflector that keeps feed in step with the API server's pods;
+// failed is told of the lists and watches that could not start.
+func newPodReflector(client kubernetes.Interface, feed *podFeed, failed func(error)) *cache.Reflector {
+	return cache.NewReflectorWithOptions(podListWatch(client, failed), &corev1.Pod{}, feed,
 		cache.ReflectorOptions{Name: "pods", TypeDescription: "*v1.Pod"})
 }
 

@@ -1,10 +1,10 @@
 // Package kubeapi provides cluster state from the Kubernetes API through client-go shared informers,
 // and for pods a reflector that feeds the Tracker directly (see podFeed).
 //
-// Objects are stripped to the fields the agent uses and defaulted as they enter the informer caches
-// (see Transform). The event handlers validate each object once, as it arrives, and keep the valid
-// ones in a cluster.Tracker, so a Snapshot copies only the maps of the kinds that changed and lists
-// the changed keys. The objects are shared by the caches and every snapshot: they must never be
+// Objects are stripped to the fields the agent uses and defaulted as they arrive (see Transform).
+// The event handlers validate each object once, and keep the valid ones in a cluster.Tracker, so
+// a Snapshot copies only the maps of the kinds that changed and lists the changed keys. The
+// objects are shared by the informer caches, the Tracker and every snapshot: they must never be
 // modified.
 package kubeapi
 
@@ -155,7 +155,7 @@ func New(client kubernetes.Interface, logger *slog.Logger, opts ...Option) *Sour
 	// Only the pods a policy can select or name are asked for (PodFieldSelector): the others
 	// are never sent.
 	s.pods = newPodFeed(handler(s, "Pod", "pods", func(*cluster.Pod) field.ErrorList { return nil }, s.objects.SetPod), s.objects) // validated by TransformPod
-	s.podReflector = newPodReflector(client, s.pods)
+	s.podReflector = newPodReflector(client, s.pods, func(err error) { s.watchError("pods", err) })
 	s.informers = []namedInformer{
 		{"namespaces", factory.Core().V1().Namespaces().Informer(),
 			handler(s, "Namespace", "namespaces", cluster.ValidateNamespace, s.objects.SetNamespace), nil},
@@ -254,8 +254,9 @@ func (s *Source) Run(ctx context.Context, notify func()) error {
 	podsDone := make(chan struct{})
 	go func() {
 		defer close(podsDone)
-		// The reflector logs its watch errors through the context's logger: the Source's.
-		s.podReflector.RunWithContext(klog.NewContext(ctx, logr.FromSlogHandler(s.logger.Handler())))
+		// Its failures to list or watch are logged as the informers' are (podListWatch); what
+		// the reflector itself would log of them, once more and in klog's words, is dropped.
+		s.podReflector.RunWithContext(klog.NewContext(ctx, logr.Discard()))
 	}()
 	defer func() { <-podsDone }()
 	synced = append(synced, s.pods.synced.Load)
@@ -350,8 +351,8 @@ func (s *Source) HasSynced() bool {
 	return s.pods.synced.Load() && (s.cnp == nil || s.cnp.synced())
 }
 
-// Snapshot returns the valid objects delivered so far. The objects are the cached ones (already
-// stripped and defaulted by Transform), not copies: they must not be modified. An object that
+// Snapshot returns the valid objects delivered so far. The objects are those the informers
+// cache and the Tracker holds (already stripped and defaulted by Transform), not copies: they must not be modified. An object that
 // fails validation was logged when it arrived and is left out.
 func (s *Source) Snapshot() *cluster.State { return s.objects.Snapshot() }
 

@@ -216,7 +216,8 @@ func TestRunUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(c, nil)
+	var logs syncBuffer
+	s := New(c, slog.New(slog.NewTextHandler(&logs, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx, func() {}) }()
@@ -235,6 +236,13 @@ func TestRunUnreachable(t *testing.T) {
 	}
 	if s.HasSynced() {
 		t.Error("synced without an API server")
+	}
+	// The pods' failed list is logged as every other kind's.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), `msg="kubernetes list/watch failed; retrying" resource=pods`); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no failed list of pods logged:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval
 	}
 	cancel()
 	select {
