@@ -254,6 +254,8 @@ func BenchmarkKubernetesLimits(b *testing.B) {
 		if os.Getenv("NETWARDEN_SCALE_PROFILE") != "" {
 			args = append(args, "--profiling")
 		}
+		// More flags for the agent, to measure what one changes (e.g. --resync-period=1h).
+		args = append(args, strings.Fields(os.Getenv("NETWARDEN_SCALE_AGENT_ARGS"))...)
 		if err := sim.StartAgentArgs(args...); err != nil {
 			b.Fatal(err)
 		}
