@@ -227,10 +227,9 @@ func compareCounts(want *Rendered, got counts) string {
 	return ""
 }
 
-// parseListing counts rules and elements in `nft -j list table` output, and digests it (Verify
-// lists tersely, without elements, and counts those over netlink). The elements of the sets
-// learned names are not ours to check: the learner adds them, and their listing changes every
-// second (it shows the time left).
+// parseListing counts rules and elements in `nft -j list table` output, and digests it. The
+// elements of the sets learned names are not ours to check: the learner adds them, and their
+// listing changes every second (it shows the time left).
 func parseListing(out []byte, learned func(set string) bool) (counts, string, error) {
 	c := counts{chains: map[string]int{}, sets: map[string]int{}}
 	l, err := nftjson.Parse(out)
