@@ -152,6 +152,31 @@ func TestKernelFullIncrementalVerifyCleanup(t *testing.T) {
 		if err := b.Verify(ctx); err == nil {
 			t.Fatal("verify did not notice an in-place rule replacement")
 		}
+		// So is an element replaced by another.
+		if _, err := b.FullSync(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Verify(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var set, elem string
+		for _, name := range slices.Sorted(maps.Keys(b.applied.Sets)) {
+			if s := b.applied.Sets[name]; strings.HasPrefix(name, "pods-") && strings.HasSuffix(name, "-v4") && s.Count() > 0 {
+				set, elem = name, s.Keys()[0]
+				break
+			}
+		}
+		if set == "" {
+			t.Fatalf("no IPv4 peer set with elements among %v", slices.Sorted(maps.Keys(b.applied.Sets)))
+		}
+		for _, edit := range [][]string{{"delete", "element", "inet", TableName, set, "{", elem, "}"}, {"add", "element", "inet", TableName, set, "{", "192.0.2.77", "}"}} {
+			if out, err := exec.Command("nft", edit...).CombinedOutput(); err != nil {
+				t.Fatalf("%v: %v %s", edit, err, out)
+			}
+		}
+		if err := b.Verify(ctx); err == nil {
+			t.Fatalf("verify did not notice %s of set %s replaced by 192.0.2.77", elem, set)
+		}
 
 		if err := b.Cleanup(ctx); err != nil {
 			t.Fatal(err)
