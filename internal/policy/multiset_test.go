@@ -22,9 +22,9 @@ func (a num) Compare(b num) int { return cmp.Compare(a, b) }
 // too. Pod contributions are given as apply gets them: the previous and the new version.
 func TestMembers(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	m := newMembers[num]()
+	m := newMultiset[num]()
 	count := map[num]int{}
-	contrib := map[string][]num{} // the test's own record, which members no longer keeps
+	contrib := map[string][]num{} // the test's own record, which the set no longer keeps
 	byInfo := map[*podInfo][]num{}
 	infos := map[string]*podInfo{}
 	valuesOf := func(pi *podInfo) []num { return byInfo[pi] }
@@ -119,13 +119,13 @@ func TestMembers(t *testing.T) {
 			t.Fatalf("version %d changed after it was published", i)
 		}
 	}
-	// fill counts the values held twice, so that one removal keeps them.
-	b := newMembers[num]()
+	// build counts the values held twice, so that one removal keeps them.
+	b := newMultiset[num]()
 	x, y := &podInfo{key: "x"}, &podInfo{key: "y"}
 	byInfo[x], byInfo[y] = []num{1, 2}, []num{2, 3}
-	b.fill([]num{1, 2, 2, 3})
+	b.build([]num{1, 2, 2, 3})
 	b.apply([]podChange{{key: "y", old: y}}, valuesOf)
-	if values, _, _ := b.version(); !slices.Equal(values.Slice(), []num{1, 2}) || !maps.Equal(b.content.extra, map[num]int{}) {
-		t.Errorf("after fill and one removal: %v, extra %v", values.Slice(), b.content.extra)
+	if values, _, _ := b.version(); !slices.Equal(values.Slice(), []num{1, 2}) || !maps.Equal(b.extra, map[num]int{}) {
+		t.Errorf("after build and one removal: %v, extra %v", values.Slice(), b.extra)
 	}
 }

@@ -56,24 +56,16 @@ type setValue[T any] interface {
 	sortedset.Ordered[T]
 }
 
-// members is the content of a set: the values its pods contribute. What a pod contributed is
-// not kept: it follows from the pod's previous version, which each change carries, under the
-// namespace labels the set was last computed with (a namespace change recomputes every set
-// that reads them). A map of every pod's contribution was tens of megabytes at 150,000 pods.
-type members[T setValue[T]] struct{ content *multiset[T] }
-
-func newMembers[T setValue[T]]() members[T] {
-	return members[T]{content: &multiset[T]{extra: map[T]int{}, added: map[T]bool{}, removed: map[T]bool{}}}
+func newMultiset[T setValue[T]]() *multiset[T] {
+	return &multiset[T]{extra: map[T]int{}, added: map[T]bool{}, removed: map[T]bool{}}
 }
-
-// fill makes the values of an empty members all, which it takes over (a value repeats once
-// for each pod that holds it).
-func (m *members[T]) fill(all []T) { m.content.build(all) }
 
 // apply updates the content for the changed pods; valuesOf gives a pod's values, nil when it
 // does not belong. Each change takes out what its previous version gave and puts in what the
-// new one gives.
-func (m *members[T]) apply(changes []podChange, valuesOf func(*podInfo) []T) {
+// new one gives: what a pod contributed is not kept, since it follows from that version under
+// the namespace labels the set was last computed with (a namespace change recomputes every set
+// that reads them). A map of every pod's contribution was tens of megabytes at 150,000 pods.
+func (m *multiset[T]) apply(changes []podChange, valuesOf func(*podInfo) []T) {
 	for _, ch := range changes {
 		var old, now []T
 		if ch.old != nil {
@@ -86,10 +78,10 @@ func (m *members[T]) apply(changes []podChange, valuesOf func(*podInfo) []T) {
 			continue
 		}
 		for _, v := range old {
-			m.content.remove(v)
+			m.remove(v)
 		}
 		for _, v := range now {
-			m.content.add(v)
+			m.add(v)
 		}
 	}
 }
@@ -98,34 +90,33 @@ func (m *members[T]) apply(changes []podChange, valuesOf func(*podInfo) []T) {
 // content shares its chunks with the multiset, which copies a chunk before it next changes
 // it: a set of every pod's port at 150,000 pods is megabytes, and is published at every sync
 // that changes it.
-func (m *members[T]) version() (values sortedset.Set[T], added, removed []T) {
-	added, removed = m.content.takeDelta()
-	return m.content.sorted.Set(), added, removed
+func (m *multiset[T]) version() (values sortedset.Set[T], added, removed []T) {
+	added, removed = m.takeDelta()
+	return m.sorted.Set(), added, removed
 }
 
-// replaceWith makes all (as fill takes it) the content, recording the difference from the
+// replaceWith makes all (as build takes it) the content, recording the difference from the
 // current content, so a set recomputed from scratch is still published as a delta.
-func (m *members[T]) replaceWith(all []T) {
+func (m *multiset[T]) replaceWith(all []T) {
 	fresh := multiset[T]{extra: map[T]int{}}
 	fresh.build(all)
-	c := m.content
-	was, now := c.sorted.Set(), fresh.sorted.Set()
+	was, now := m.sorted.Set(), fresh.sorted.Set()
 	for v := range now.All() {
 		if !was.Contains(v) {
-			c.appeared(v)
+			m.appeared(v)
 		}
 	}
 	for v := range was.All() {
 		if !now.Contains(v) {
-			c.disappeared(v)
+			m.disappeared(v)
 		}
 	}
-	c.sorted, c.extra = fresh.sorted, fresh.extra
+	m.sorted, m.extra = fresh.sorted, fresh.extra
 }
 
 type addrSetState struct {
 	def addrSetDef
-	members[netip.Addr]
+	*multiset[netip.Addr]
 	published *AddrSet
 }
 
@@ -167,7 +158,7 @@ func (d namedSetDef) entries(pi *podInfo) []netip.AddrPort {
 
 type namedSetState struct {
 	def namedSetDef
-	members[netip.AddrPort]
+	*multiset[netip.AddrPort]
 	published *NamedPortSet
 }
 
@@ -355,8 +346,8 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 		st := cc.addrSets[name]
 		switch fresh, ok := freshAddr[name]; {
 		case st == nil:
-			st = &addrSetState{def: d, members: newMembers[netip.Addr]()}
-			st.fill(fresh)
+			st = &addrSetState{def: d, multiset: newMultiset[netip.Addr]()}
+			st.build(fresh)
 		case ok:
 			st.replaceWith(fresh)
 		default:
@@ -367,7 +358,7 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 				return nil
 			})
 		}
-		if st.published == nil || st.content.dirty() {
+		if st.published == nil || st.dirty() {
 			st.publish()
 		}
 		addr[name] = st
@@ -380,14 +371,14 @@ func (cc *Compiler) updateSets(rs *Ruleset, addrDefs map[string]addrSetDef, name
 		st := cc.namedSets[name]
 		switch fresh, ok := freshNamed[name]; {
 		case st == nil:
-			st = &namedSetState{def: d, members: newMembers[netip.AddrPort]()}
-			st.fill(fresh)
+			st = &namedSetState{def: d, multiset: newMultiset[netip.AddrPort]()}
+			st.build(fresh)
 		case ok:
 			st.replaceWith(fresh)
 		default:
 			st.apply(changes, d.entries)
 		}
-		if st.published == nil || st.content.dirty() {
+		if st.published == nil || st.dirty() {
 			st.publish()
 		}
 		named[name] = st
